@@ -1,0 +1,48 @@
+# posttrain: `make demo` runs the tiny pipeline end to end on the embedded stack; `make test` runs the suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast demo up down status bench gpu-check clean
+
+install: $(STAMP)
+
+# torch first, pinned: the CPU build lies on disk; an open `torch` requirement would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml requirements/constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c requirements/constraints.txt -e '.[airflow,dev]'
+	$(PIP) check
+	@touch $@
+
+# pytest exits 5 when it collects nothing; make propagates every non-zero exit, so that fails too.
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+up: install
+	$(PY) infra/local/stack.py up
+
+down:
+	@if [ -x $(PY) ]; then $(PY) infra/local/stack.py down; else python3 infra/local/stack.py down; fi
+
+status:
+	$(PY) infra/local/stack.py status
+
+demo: install
+	$(PY) infra/local/demo.py
+
+bench: install
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+gpu-check:
+	bash infra/gpu-check.sh
+
+clean: down
+	rm -rf .local

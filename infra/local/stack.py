@@ -1,0 +1,402 @@
+"""The embedded local stack: an S3-compatible server, an MLflow tracking server and Airflow 3.
+
+    python infra/local/stack.py up [--services s3,mlflow,airflow]   # start (idempotent)
+    python infra/local/stack.py status
+    python infra/local/stack.py down                                  # stops only what `up` started
+    python infra/local/stack.py env                                   # shell exports for the stack
+
+Everything lives under one project-local state folder (default `.local/`): pid files, logs, the MLflow
+SQLite database, AIRFLOW_HOME, and `env` (the exports a stage or a shell needs to reach the stack).
+
+The S3 server is moto's server: MinIO cannot be installed from the package registries this project may use, so
+moto is the dev/CI stand-in for MinIO (the compose file in infra/ runs real MinIO). Everything speaks to it with
+plain boto3 and an endpoint URL, exactly as it would to MinIO or AWS.
+
+Each service runs in its own session (process group), so `down` stops the whole group: `airflow api-server`
+and `mlflow server` fork workers that would otherwise outlive their parent. A pid file records the process start
+time too, so a recycled pid is never mistaken for ours.
+
+Standard library only: this runs before (and without) the project being importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_STATE = REPO / ".local"
+ALL_SERVICES = ("s3", "mlflow", "airflow")
+DEFAULT_PORTS = {"s3": 9000, "mlflow": 5000, "airflow": 8080}
+BUCKETS = ("posttrain", "mlflow")
+# moto accepts any credentials; these names make it obvious they are not real ones.
+DEV_ACCESS_KEY = "posttrain-dev"
+DEV_SECRET_KEY = "posttrain-dev-secret"
+AIRFLOW_USER = "admin"
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass
+class Service:
+    name: str
+    argv: list[str]
+    health_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    start_timeout_s: float = 120.0
+    # Helpers started alongside the main process (e.g. Airflow's scheduler); they share its lifetime.
+    companions: list[tuple[str, list[str]]] = field(default_factory=list)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    """Prefer the console script next to the running interpreter (the project venv)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def _proc_start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22 (starttime) counted after the parenthesised command name, which may contain spaces.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+class Stack:
+    """Start, inspect and stop the local services, all state under `state_dir`."""
+
+    def __init__(self, state_dir: Path = DEFAULT_STATE, ports: dict[str, int] | None = None) -> None:
+        self.state = Path(state_dir).resolve()
+        self.run_dir = self.state / "run"
+        self.log_dir = self.state / "logs"
+        self.ports = dict(DEFAULT_PORTS)
+        self.ports.update(self._saved_ports())
+        self.ports.update(ports or {})
+
+    # ----- addresses -------------------------------------------------------------------------------------
+    @property
+    def s3_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3']}"
+
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['mlflow']}"
+
+    @property
+    def airflow_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['airflow']}"
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.state / "airflow"
+
+    def client_env(self) -> dict[str, str]:
+        """What a stage, a test or a shell needs to talk to this stack."""
+        return {
+            "AWS_ACCESS_KEY_ID": DEV_ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": DEV_SECRET_KEY,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL_S3": self.s3_url,
+            "MLFLOW_S3_ENDPOINT_URL": self.s3_url,
+            "MLFLOW_TRACKING_URI": self.mlflow_url,
+            "POSTTRAIN_RUN_ROOT": "s3://posttrain/runs",
+            "AIRFLOW_HOME": str(self.airflow_home),
+        }
+
+    def airflow_env(self) -> dict[str, str]:
+        api = self.airflow_url
+        return {
+            **self.client_env(),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            # Two cores: keep concurrency low so a stage is not starved by its neighbours.
+            "AIRFLOW__CORE__PARALLELISM": "2",
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "2",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{AIRFLOW_USER}:admin",
+            "AIRFLOW__API__PORT": str(self.ports["airflow"]),
+            "AIRFLOW__API__BASE_URL": api,
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.airflow_home / "logs"),
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
+
+    def airflow_password(self) -> str | None:
+        path = self.airflow_home / "simple_auth_manager_passwords.json.generated"
+        try:
+            return json.loads(path.read_text()).get(AIRFLOW_USER)
+        except (OSError, ValueError):
+            return None
+
+    # ----- service definitions ---------------------------------------------------------------------------
+    def _service(self, name: str) -> Service:
+        if name == "s3":
+            return Service(
+                "s3",
+                [_bin("moto_server"), "-H", "127.0.0.1", "-p", str(self.ports["s3"])],
+                f"{self.s3_url}/moto-api/",
+                start_timeout_s=60,
+            )
+        if name == "mlflow":
+            db = self.state / "mlflow" / "mlflow.db"
+            db.parent.mkdir(parents=True, exist_ok=True)
+            return Service(
+                "mlflow",
+                [
+                    _bin("mlflow"), "server",
+                    "--backend-store-uri", f"sqlite:///{db}",
+                    "--artifacts-destination", "s3://mlflow/artifacts",
+                    "--serve-artifacts",
+                    "--host", "127.0.0.1", "--port", str(self.ports["mlflow"]),
+                    "--workers", "1",
+                ],
+                f"{self.mlflow_url}/health",
+                env=self.client_env(),
+                start_timeout_s=120,
+            )
+        if name == "airflow":
+            env = self.airflow_env()
+            return Service(
+                "airflow",
+                [_bin("airflow"), "api-server", "--port", str(self.ports["airflow"])],
+                f"{self.airflow_url}/api/v2/monitor/health",
+                env=env,
+                start_timeout_s=180,
+                companions=[
+                    ("airflow-scheduler", [_bin("airflow"), "scheduler"]),
+                    ("airflow-dag-processor", [_bin("airflow"), "dag-processor"]),
+                ],
+            )
+        raise StackError(f"unknown service {name!r}; expected one of {', '.join(ALL_SERVICES)}")
+
+    # ----- pid bookkeeping -------------------------------------------------------------------------------
+    def _pidfile(self, name: str) -> Path:
+        return self.run_dir / f"{name}.pid"
+
+    def _saved_ports(self) -> dict[str, int]:
+        try:
+            return {k: int(v) for k, v in json.loads((self.state / "run" / "ports.json").read_text()).items()}
+        except (OSError, ValueError):
+            return {}
+
+    def running_pid(self, name: str) -> int | None:
+        """The pid recorded for `name` if that very process (same start time) is still alive."""
+        try:
+            pid_s, started = self._pidfile(name).read_text().split()
+            pid = int(pid_s)
+        except (OSError, ValueError):
+            return None
+        return pid if _proc_start_time(pid) == started else None
+
+    def _launch(self, name: str, argv: list[str], env: dict[str, str]) -> int:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            argv,
+            cwd=self.state,
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self._pidfile(name).write_text(f"{proc.pid} {_proc_start_time(proc.pid)}")
+        return proc.pid
+
+    # ----- lifecycle --------------------------------------------------------------------------------------
+    def up(self, services: tuple[str, ...] = ALL_SERVICES, quiet: bool = False) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "ports.json").write_text(json.dumps(self.ports))
+        say = (lambda *_: None) if quiet else (lambda msg: print(msg, flush=True))
+        order = [s for s in ALL_SERVICES if s in services]
+        for name in order:
+            svc = self._service(name)
+            if self.running_pid(name) and _healthy(svc.health_url):
+                say(f"  {name:8s} already running  {svc.health_url.rsplit('/', 2)[0]}")
+                continue
+            if name == "airflow":
+                self._prepare_airflow(svc.env, say)
+            _check_port_free(self.ports[name], name)
+            self._launch(name, svc.argv, svc.env)
+            for companion, argv in svc.companions:
+                if not self.running_pid(companion):
+                    self._launch(companion, argv, svc.env)
+            self._wait_healthy(svc)
+            if name == "s3":
+                self._create_buckets()
+            say(f"  {name:8s} up  (logs: {self.log_dir / (name + '.log')})")
+        self._write_env_file()
+
+    def _prepare_airflow(self, env: dict[str, str], say) -> None:
+        self.airflow_home.mkdir(parents=True, exist_ok=True)
+        say("  airflow  migrating metadata DB (SQLite) ...")
+        res = subprocess.run(
+            [_bin("airflow"), "db", "migrate"],
+            env={**os.environ, **env}, cwd=self.state, capture_output=True, text=True,
+        )
+        if res.returncode != 0:
+            raise StackError(f"`airflow db migrate` failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+
+    def _wait_healthy(self, svc: Service) -> None:
+        deadline = time.monotonic() + svc.start_timeout_s
+        while time.monotonic() < deadline:
+            if _healthy(svc.health_url):
+                return
+            if not self.running_pid(svc.name):
+                break
+            time.sleep(0.5)
+        tail = _tail(self.log_dir / f"{svc.name}.log")
+        self.down(only=(svc.name,), quiet=True)
+        raise StackError(f"{svc.name} did not become healthy at {svc.health_url}; last log lines:\n{tail}")
+
+    def _create_buckets(self) -> None:
+        for bucket in BUCKETS:
+            req = urllib.request.Request(f"{self.s3_url}/{bucket}", method="PUT")
+            try:
+                urllib.request.urlopen(req, timeout=10).close()
+            except urllib.error.HTTPError as err:
+                if err.code != 409:  # 409: it exists already
+                    raise
+
+    def _write_env_file(self) -> None:
+        lines = [f"export {k}={v}" for k, v in self.client_env().items()]
+        (self.state / "env").write_text("\n".join(lines) + "\n")
+
+    def down(self, only: tuple[str, ...] | None = None, quiet: bool = False) -> None:
+        names = []
+        for name in only or ALL_SERVICES:
+            names.append(name)
+            if name == "airflow":
+                names += ["airflow-scheduler", "airflow-dag-processor"]
+        for name in names:
+            pid = self.running_pid(name)
+            if pid:
+                _stop_group(pid)
+                if not quiet:
+                    print(f"  {name:22s} stopped (pid {pid})", flush=True)
+            self._pidfile(name).unlink(missing_ok=True)
+
+    def status(self) -> dict[str, dict]:
+        out = {}
+        for name in ALL_SERVICES:
+            svc = self._service(name)
+            out[name] = {
+                "pid": self.running_pid(name),
+                "healthy": _healthy(svc.health_url),
+                "url": svc.health_url.rsplit("/", 1)[0] if name == "s3" else
+                {"mlflow": self.mlflow_url, "airflow": self.airflow_url}[name],
+            }
+        return out
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status < 500
+    except urllib.error.HTTPError as err:
+        return err.code < 500
+    except (OSError, ValueError):
+        return False
+
+
+def _check_port_free(port: int, name: str) -> None:
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            raise StackError(
+                f"port {port} for {name} is taken by a process this stack did not start; "
+                f"stop it or choose another port (--port-{name})"
+            )
+
+
+def _stop_group(pid: int, grace_s: float = 15.0) -> None:
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        return
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        # Reap if it happens to be our child (tests start the stack in-process).
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _tail(path: Path, n: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stack", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["up", "down", "status", "env"])
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE, help="default: %(default)s")
+    parser.add_argument("--services", default=",".join(ALL_SERVICES), help="comma list (default: all)")
+    for name, port in DEFAULT_PORTS.items():
+        parser.add_argument(f"--port-{name}", type=int, default=None, help=f"default {port}")
+    args = parser.parse_args(argv)
+    ports = {n: getattr(args, f"port_{n}") for n in DEFAULT_PORTS if getattr(args, f"port_{n}")}
+    stack = Stack(args.state_dir, ports)
+    services = tuple(s.strip() for s in args.services.split(",") if s.strip())
+    try:
+        if args.command == "up":
+            stack.up(services)
+            print(f"\n  MLflow UI : {stack.mlflow_url}")
+            if "airflow" in services:
+                print(f"  Airflow UI: {stack.airflow_url}  (user {AIRFLOW_USER}, password {stack.airflow_password()})")
+            print(f"  S3 server : {stack.s3_url}  (bucket s3://posttrain)")
+            print(f"  Shell env : source {stack.state / 'env'}")
+        elif args.command == "down":
+            stack.down(services)
+        elif args.command == "status":
+            print(json.dumps(stack.status(), indent=2))
+        else:
+            print("\n".join(f"export {k}={v}" for k, v in stack.client_env().items()))
+    except StackError as err:
+        print(f"stack: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Shared fixtures. `local_stack` starts the real S3-compatible server and MLflow server once per session.
+
+The stack runs on free ports in a temporary state folder, so tests never touch a developer's `make up`
+stack, and it is stopped (whole process groups) at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from infra.local.stack import Stack, free_port
+
+
+@pytest.fixture(scope="session")
+def local_stack(tmp_path_factory: pytest.TempPathFactory):
+    state = tmp_path_factory.mktemp("stack")
+    stack = Stack(state, ports={"s3": free_port(), "mlflow": free_port(), "airflow": free_port()})
+    saved = dict(os.environ)
+    try:
+        stack.up(("s3", "mlflow"), quiet=True)
+        os.environ.update(stack.client_env())
+        yield stack
+    finally:
+        stack.down(quiet=True)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture
+def s3_run_uri(local_stack: Stack) -> str:
+    """A fresh run URI in the stack's S3 bucket."""
+    return f"s3://posttrain/test-runs/{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def file_run_uri(tmp_path: Path) -> str:
+    return f"file://{tmp_path / 'runs' / uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def local_mlflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """MLflow without a server (SQLite store) for unit tests of stage bodies; not for tracking tests."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri

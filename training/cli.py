@@ -1,0 +1,80 @@
+"""`posttrain <command> ...`: one entry point for every stage and tool.
+
+Commands are imported only when invoked, so `posttrain --help` is instant and `posttrain sandbox` never
+imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any, Callable
+
+# name -> ("module:function" taking (argv, prog) and returning an exit code, one-line help).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "inspect": ("training.cli_storage:inspect_cli", "show the manifest of a stage output or checkpoint URI"),
+    "verify": ("training.cli_storage:verify_cli", "verify every file of a manifested folder against its sha256"),
+}
+
+EPILOG = """\
+Every stage reads its inputs from the manifests of earlier stages under --run and writes its output under
+<run>/<stage>/, finishing with manifest.json. Run URIs: s3://bucket/prefix/<run_id> or file:///path/<run_id>.
+Environment: MLFLOW_TRACKING_URI, AWS_ENDPOINT_URL_S3 and AWS credentials (`make up` writes .local/env).
+"""
+
+
+def _top_help() -> str:
+    width = max(len(n) for n in COMMANDS) + 2
+    lines = ["usage: posttrain <command> [options]    (posttrain <command> --help for its options)", "",
+             "commands:"]
+    lines += [f"  {name:{width}s}{help_text}" for name, (_, help_text) in COMMANDS.items()]
+    return "\n".join(lines) + "\n\n" + EPILOG
+
+
+def stage_parser(prog: str, description: str, config_cls: type | None = None) -> argparse.ArgumentParser:
+    """The arguments every stage takes: --config, --run, --set."""
+    doc = (config_cls.__doc__ or "").strip() if config_cls else ""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", default=None,
+                        help="config file (.json/.yaml) or an inline JSON object; defaults apply to missing keys")
+    parser.add_argument("--run", required=True, metavar="RUN_URI",
+                        help="pipeline run URI, e.g. s3://posttrain/runs/2026-12-03 or file:///tmp/runs/r1")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key (dotted for nested), repeatable")
+    return parser
+
+
+def run_cli(fn: Callable[[], Any]) -> int:
+    """Map the errors a user can fix to exit code 2 with a one-line message, not a traceback."""
+    from training.config import ConfigError
+    from training.storage import StorageError
+    from training.tracking import TrackingUnavailable
+
+    try:
+        rc = fn()
+    except (ConfigError, StorageError, TrackingUnavailable) as err:
+        print(f"posttrain: error: {err}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_top_help(), end="")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"posttrain: unknown command {name!r}\n\n{_top_help()}", file=sys.stderr, end="")
+        return 2
+    module_name, func = COMMANDS[name][0].split(":")
+    handler = getattr(importlib.import_module(module_name), func)
+    return int(handler(rest, prog=f"posttrain {name}") or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The stage contract, in one place.
+
+A stage body is a function `body(ctx) -> summary dict`. `run_stage` wraps it with everything the contract
+promises (DESIGN.md, "The stage contract"):
+
+- If `<run-uri>/<stage>/manifest.json` exists, the stage is complete: skip, report the stored result.
+- Otherwise open (or resume) the stage's nested MLflow run under the pipeline's parent run, log the config,
+  run the body in a private work dir, and commit the output manifest last (with config, parents, git rev and
+  MLflow run id).
+- Print one `POSTTRAIN_RESULT {...}` line on stdout: the manifest URI, the MLflow run id and the summary. The
+  Airflow operator parses that line and pushes it to XCom; nothing bigger travels through Airflow.
+
+Bodies read inputs only via `ctx.input(stage)` (the manifest of an earlier stage under the same run) and write
+outputs only via `ctx.writer`. A body that checkpoints (RL rounds, SFT) puts numbered checkpoints under
+`ctx.stage_uri` with `storage.checkpoint_uri` and resumes from `storage.last_complete_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from training import storage, tracking
+from training.config import ConfigBase
+
+log = logging.getLogger("posttrain")
+RESULT_PREFIX = "POSTTRAIN_RESULT "
+
+
+@dataclass
+class StageResult:
+    stage: str
+    manifest_uri: str
+    mlflow_run_id: str | None
+    summary: dict[str, Any]
+    skipped: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps({"stage": self.stage, "manifest_uri": self.manifest_uri,
+                           "mlflow_run_id": self.mlflow_run_id, "summary": self.summary,
+                           "skipped": self.skipped}, sort_keys=True, default=str)
+
+
+@dataclass
+class StageContext:
+    run_uri: str
+    stage: str
+    config: ConfigBase
+    workdir: Path
+    writer: storage.ManifestWriter
+    mlflow: tracking.StageRun
+    parents: list[storage.Manifest] = field(default_factory=list)
+
+    @property
+    def stage_uri(self) -> str:
+        return self.writer.uri
+
+    @property
+    def run_id(self) -> str:
+        return run_id_of(self.run_uri)
+
+    def input(self, stage: str) -> storage.Manifest:
+        """The complete output of an earlier stage of this run; recorded as a parent of this stage."""
+        manifest = storage.require_manifest(storage.join(self.run_uri, stage), f"input stage {stage!r}:")
+        if all(p.uri != manifest.uri for p in self.parents):
+            self.parents.append(manifest)
+        return manifest
+
+    def add_parent(self, manifest: storage.Manifest) -> None:
+        """Record an input from outside this run (a champion checkpoint, a shared task set)."""
+        if all(p.uri != manifest.uri for p in self.parents):
+            self.parents.append(manifest)
+
+    def progress(self, message: str, **metrics: float) -> None:
+        """One line in the task log; metrics (if any) also go to MLflow."""
+        step = metrics.pop("step", None)
+        shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+        log.info("[%s] %s %s", self.stage, message, shown)
+        if metrics:
+            self.mlflow.log_metrics(metrics, step=int(step) if step is not None else None)
+
+
+def run_id_of(run_uri: str) -> str:
+    return run_uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def setup_logging() -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def emit(result: StageResult) -> None:
+    print(RESULT_PREFIX + result.to_json(), flush=True)
+
+
+def parse_result(output: str) -> dict[str, Any] | None:
+    """The last POSTTRAIN_RESULT line of a stage's output, decoded (used by the operators)."""
+    found = None
+    for line in output.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            found = json.loads(line[len(RESULT_PREFIX):])
+    return found
+
+
+def run_stage(
+    stage: str,
+    config: ConfigBase,
+    run_uri: str,
+    body: Callable[[StageContext], dict[str, Any] | None],
+) -> StageResult:
+    setup_logging()
+    stage_uri = storage.join(run_uri, stage)
+    done = storage.read_manifest(stage_uri)
+    if done is not None:
+        log.info("[%s] already complete at %s (created %s); skipping", stage, done.manifest_uri, done.created_at)
+        result = StageResult(stage, done.manifest_uri, done.mlflow_run_id,
+                             done.extra.get("summary", {}), skipped=True)
+        emit(result)
+        return result
+
+    started = time.monotonic()
+    with tracking.stage_run(run_id_of(run_uri), stage) as mlrun:
+        log.info("[%s] MLflow run %s", stage, tracking.run_url(mlrun.run_id, mlrun.experiment_id))
+        mlrun.log_params(config.to_dict())
+        with tempfile.TemporaryDirectory(prefix=f"posttrain-{stage}-") as work:
+            ctx = StageContext(run_uri, stage, config, Path(work), storage.ManifestWriter(stage_uri), mlrun)
+            summary = body(ctx) or {}
+            manifest = ctx.writer.commit(config=config.to_dict(), parents=ctx.parents,
+                                         mlflow_run_id=mlrun.run_id, extra={"summary": summary})
+        mlrun.set_tags({"posttrain.manifest_uri": manifest.manifest_uri})
+        mlrun.log_metrics({"stage_seconds": time.monotonic() - started})
+    log.info("[%s] complete: %s (%.1fs)", stage, manifest.manifest_uri, time.monotonic() - started)
+    result = StageResult(stage, manifest.manifest_uri, mlrun.run_id, summary)
+    emit(result)
+    return result
