@@ -1,0 +1,117 @@
+"""The embedded local stack: real servers up, healthy, and `down` stops exactly what `up` started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from infra.local.stack import Stack, StackError, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of ours counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.slow
+def test_up_status_down_full_stack(tmp_path: Path) -> None:
+    ports = {"s3": free_port(), "mlflow": free_port(), "airflow": free_port()}
+    stack = Stack(tmp_path / "state", ports)
+    # A bystander on the same machine that the stack must never touch.
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    try:
+        cli = [sys.executable, str(REPO / "infra/local/stack.py"), "--state-dir", str(tmp_path / "state")]
+        cli += [f"--port-{k}={v}" for k, v in ports.items()]
+        up = subprocess.run(cli + ["up"], capture_output=True, text=True, timeout=400)
+        assert up.returncode == 0, up.stderr + up.stdout
+        assert f"http://127.0.0.1:{ports['airflow']}" in up.stdout and "password" in up.stdout
+
+        status = stack.status()
+        assert all(s["healthy"] and s["pid"] for s in status.values()), status
+        # Airflow's own health endpoint says the scheduler and DAG processor report in.
+        deadline = time.monotonic() + 60
+        while True:
+            health = json.load(urllib.request.urlopen(f"{stack.airflow_url}/api/v2/monitor/health", timeout=5))
+            if health["scheduler"]["status"] == "healthy" and health["dag_processor"]["status"] == "healthy":
+                break
+            assert time.monotonic() < deadline, health
+            time.sleep(2)
+        # Running `up` again is idempotent: nothing restarts.
+        pids = {n: s["pid"] for n, s in status.items()}
+        again = subprocess.run(cli + ["up"], capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0 and "already running" in again.stdout
+        assert {n: s["pid"] for n, s in stack.status().items()} == pids
+        env_file = (tmp_path / "state" / "env").read_text()
+        assert f"MLFLOW_TRACKING_URI=http://127.0.0.1:{ports['mlflow']}" in env_file
+
+        groups = [os.getpgid(stack.running_pid(n)) for n in
+                  ("s3", "mlflow", "airflow", "airflow-scheduler", "airflow-dag-processor")]
+        assert all(_group_members(g) for g in groups)
+        down = subprocess.run(cli + ["down"], capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stderr
+        for g in groups:  # every process of every group, workers included, is gone
+            deadline = time.monotonic() + 10
+            while _group_members(g) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _group_members(g) == [], f"process group {g} left processes behind"
+        assert _alive(bystander.pid)
+        assert not any(s["pid"] for s in stack.status().values())
+    finally:
+        stack.down(quiet=True)
+        bystander.send_signal(signal.SIGKILL)
+        bystander.wait()
+
+
+def test_port_taken_by_a_stranger_is_refused(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        stack = Stack(tmp_path, {"s3": port})
+        with pytest.raises(StackError, match=f"port {port} for s3 is taken"):
+            stack.up(("s3",), quiet=True)
+
+
+def test_down_ignores_recycled_pid(tmp_path: Path) -> None:
+    """A pid file whose process has gone (and whose pid may be reused) must not lead `down` to kill anyone."""
+    stack = Stack(tmp_path)
+    stack.run_dir.mkdir(parents=True)
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        (stack.run_dir / "s3.pid").write_text(f"{victim.pid} 1")  # right pid, wrong start time
+        assert stack.running_pid("s3") is None
+        stack.down(quiet=True)
+        assert _alive(victim.pid)
+    finally:
+        victim.kill()
+        victim.wait()
