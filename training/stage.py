@@ -39,12 +39,13 @@ class StageResult:
     manifest_uri: str
     mlflow_run_id: str | None
     summary: dict[str, Any]
+    mlflow_experiment_id: str | None = None
     skipped: bool = False
 
     def to_json(self) -> str:
         return json.dumps({"stage": self.stage, "manifest_uri": self.manifest_uri,
-                           "mlflow_run_id": self.mlflow_run_id, "summary": self.summary,
-                           "skipped": self.skipped}, sort_keys=True, default=str)
+                           "mlflow_run_id": self.mlflow_run_id, "mlflow_experiment_id": self.mlflow_experiment_id,
+                           "summary": self.summary, "skipped": self.skipped}, sort_keys=True, default=str)
 
 
 @dataclass
@@ -100,10 +101,10 @@ def emit(result: StageResult) -> None:
     print(RESULT_PREFIX + result.to_json(), flush=True)
 
 
-def parse_result(output: str) -> dict[str, Any] | None:
+def parse_result(output: str | list[str]) -> dict[str, Any] | None:
     """The last POSTTRAIN_RESULT line of a stage's output, decoded (used by the operators)."""
     found = None
-    for line in output.splitlines():
+    for line in output.splitlines() if isinstance(output, str) else output:
         if line.startswith(RESULT_PREFIX):
             found = json.loads(line[len(RESULT_PREFIX):])
     return found
@@ -120,8 +121,8 @@ def run_stage(
     done = storage.read_manifest(stage_uri)
     if done is not None:
         log.info("[%s] already complete at %s (created %s); skipping", stage, done.manifest_uri, done.created_at)
-        result = StageResult(stage, done.manifest_uri, done.mlflow_run_id,
-                             done.extra.get("summary", {}), skipped=True)
+        result = StageResult(stage, done.manifest_uri, done.mlflow_run_id, done.extra.get("summary", {}),
+                             done.extra.get("mlflow_experiment_id"), skipped=True)
         emit(result)
         return result
 
@@ -133,10 +134,11 @@ def run_stage(
             ctx = StageContext(run_uri, stage, config, Path(work), storage.ManifestWriter(stage_uri), mlrun)
             summary = body(ctx) or {}
             manifest = ctx.writer.commit(config=config.to_dict(), parents=ctx.parents,
-                                         mlflow_run_id=mlrun.run_id, extra={"summary": summary})
+                                         mlflow_run_id=mlrun.run_id,
+                                         extra={"summary": summary, "mlflow_experiment_id": mlrun.experiment_id})
         mlrun.set_tags({"posttrain.manifest_uri": manifest.manifest_uri})
         mlrun.log_metrics({"stage_seconds": time.monotonic() - started})
     log.info("[%s] complete: %s (%.1fs)", stage, manifest.manifest_uri, time.monotonic() - started)
-    result = StageResult(stage, manifest.manifest_uri, mlrun.run_id, summary)
+    result = StageResult(stage, manifest.manifest_uri, mlrun.run_id, summary, mlrun.experiment_id)
     emit(result)
     return result

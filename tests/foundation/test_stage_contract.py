@@ -31,7 +31,9 @@ def test_stage_writes_manifest_and_result_line(file_run_uri, local_mlflow, capsy
     assert manifest.extra["summary"] == {"chars": 3}
     parsed = stage.parse_result(capsys.readouterr().out)
     assert parsed == {"stage": "taskset", "manifest_uri": manifest.manifest_uri,
-                      "mlflow_run_id": result.mlflow_run_id, "summary": {"chars": 3}, "skipped": False}
+                      "mlflow_run_id": result.mlflow_run_id, "mlflow_experiment_id": result.mlflow_experiment_id,
+                      "summary": {"chars": 3}, "skipped": False}
+    assert result.mlflow_experiment_id
 
     from mlflow.tracking import MlflowClient
 
@@ -50,6 +52,7 @@ def test_complete_stage_is_skipped_on_rerun(file_run_uri, local_mlflow) -> None:
     second = stage.run_stage("taskset", EchoConfig(), file_run_uri, body)
     assert calls == [1]
     assert second.skipped and second.manifest_uri == first.manifest_uri and second.summary == first.summary
+    assert second.mlflow_run_id == first.mlflow_run_id and second.mlflow_experiment_id == first.mlflow_experiment_id
 
 
 def test_inputs_recorded_as_parents_and_incomplete_input_refused(file_run_uri, local_mlflow) -> None:

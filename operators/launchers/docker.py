@@ -1,0 +1,91 @@
+"""Run a stage in a container (the production path: the train image has CUDA, vLLM and the project)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from operators.launchers.base import StageTimeout
+from operators.spec import StageSpec
+
+
+class DockerLauncher:
+    """`client` is a docker SDK `DockerClient` (from the DockerEngineHook in plugins/, or a test double)."""
+
+    def __init__(self, client: Any, grace_s: int = 10, network: str | None = None,
+                 volumes: dict[str, dict[str, str]] | None = None) -> None:
+        self.client = client
+        self.grace_s = grace_s
+        self.network = network
+        self.volumes = volumes or {}
+        self.container: Any = None
+        self._lock = threading.Lock()
+
+    def container_kwargs(self, spec: StageSpec, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+        from docker.types import DeviceRequest
+
+        kwargs: dict[str, Any] = {
+            "image": spec.image,
+            "command": argv,
+            "environment": env,
+            "detach": True,
+            "labels": {"posttrain.stage": spec.command},
+            "volumes": self.volumes,
+            "shm_size": "2g",  # torch dataloaders and NCCL need more than docker's 64 MB default
+        }
+        if spec.gpus:
+            kwargs["device_requests"] = [DeviceRequest(count=spec.gpus, capabilities=[["gpu"]])]
+        if spec.memory:
+            kwargs["mem_limit"] = spec.memory
+        if spec.cpus:
+            kwargs["nano_cpus"] = int(spec.cpus * 1e9)
+        if self.network:
+            kwargs["network"] = self.network
+        return kwargs
+
+    def run(self, spec: StageSpec, argv: list[str], env: dict[str, str],
+            on_line: Callable[[str], None]) -> int:
+        with self._lock:
+            self.container = self.client.containers.run(**self.container_kwargs(spec, argv, env))
+        container = self.container
+        timed_out = threading.Event()
+
+        def expire() -> None:
+            timed_out.set()
+            self.stop()
+
+        timer = threading.Timer(spec.timeout_s, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            pending = ""
+            for chunk in container.logs(stream=True, follow=True):
+                pending += chunk.decode("utf-8", errors="replace")
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    on_line(line)
+            if pending:
+                on_line(pending)
+            status = container.wait()
+        finally:
+            timer.cancel()
+            try:
+                container.remove(force=True)
+            except Exception:  # noqa: BLE001 - already removed by stop()
+                pass
+        if timed_out.is_set():
+            raise StageTimeout(f"stage {spec.command} exceeded its timeout of {spec.timeout_s}s; container stopped")
+        return int(status.get("StatusCode", 1))
+
+    def stop(self) -> None:
+        with self._lock:
+            container = self.container
+        if container is None:
+            return
+        try:
+            container.stop(timeout=self.grace_s)
+        finally:
+            try:
+                container.remove(force=True)
+            except Exception:  # noqa: BLE001 - stop may already have removed an auto-remove container
+                pass

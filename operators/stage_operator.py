@@ -1,0 +1,144 @@
+"""PosttrainStageOperator: launch one `posttrain <stage>` and report what it produced.
+
+The operator only orchestrates (STYLE anchor 6): it assembles the command and environment, hands them to a
+launcher, streams the stage's output into the task log, maps the exit code to success or failure, and returns
+the stage's result (manifest URI, MLflow run id, summary) as XCom. All the work happens in the stage, so a
+retry simply runs the same command again and the stage resumes from its own checkpoints.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any, Sequence
+
+from airflow.sdk import BaseOperator
+
+from operators.launchers.base import Launcher
+from operators.spec import LAUNCHERS, StageSpec
+from plugins.hooks import DockerEngineHook, MlflowHook, ObjectStoreHook
+from plugins.links import CheckpointLink, MlflowRunLink
+from training.stage import RESULT_PREFIX, parse_result  # stdlib-only at import time: no torch here
+
+
+class StageFailed(RuntimeError):
+    pass
+
+
+class PosttrainStageOperator(BaseOperator):
+    """Run one pipeline stage.
+
+    :param spec: what to run and where (StageSpec: command, args, launcher, image, gpus, memory, timeout).
+    :param run_uri: the pipeline run URI (templated), e.g. ``s3://posttrain/runs/{{ run_id }}``.
+    :param config: stage config: a file path or an inline JSON object (templated).
+    :param aws_conn_id: Airflow connection for the object store (endpoint_url in extra for MinIO).
+    :param mlflow_conn_id: Airflow connection for the MLflow tracking server.
+    :param private_env: secrets for the stage; never templated, never rendered in the UI.
+    """
+
+    template_fields: Sequence[str] = ("run_uri", "config", "stage_args")
+    template_fields_renderers = {"config": "json"}
+    operator_extra_links = (MlflowRunLink(), CheckpointLink())
+    ui_color = "#e8f0fe"
+
+    def __init__(
+        self,
+        *,
+        spec: StageSpec,
+        run_uri: str,
+        config: str | None = None,
+        stage_args: Sequence[str] = (),
+        aws_conn_id: str | None = ObjectStoreHook.default_conn_name,
+        mlflow_conn_id: str | None = MlflowHook.default_conn_name,
+        docker_conn_id: str | None = None,
+        private_env: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(spec, StageSpec):
+            raise ValueError(f"spec must be a StageSpec, got {type(spec).__name__}")
+        if spec.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher {spec.launcher!r} is not one of {', '.join(LAUNCHERS)}")
+        self.spec = spec
+        self.run_uri = run_uri
+        self.config = config
+        self.stage_args = list(stage_args)
+        self.aws_conn_id = aws_conn_id
+        self.mlflow_conn_id = mlflow_conn_id
+        self.docker_conn_id = docker_conn_id
+        self.private_env = private_env or {}
+        self._launcher: Launcher | None = None
+
+    @cached_property
+    def object_store_hook(self) -> ObjectStoreHook:
+        return ObjectStoreHook(self.aws_conn_id)
+
+    @cached_property
+    def mlflow_hook(self) -> MlflowHook:
+        return MlflowHook(self.mlflow_conn_id)
+
+    @cached_property
+    def docker_hook(self) -> DockerEngineHook:
+        return DockerEngineHook(self.docker_conn_id)
+
+    def make_launcher(self) -> Launcher:
+        if self.spec.launcher == "docker":
+            from operators.launchers.docker import DockerLauncher
+
+            return DockerLauncher(self.docker_hook.client)
+        from operators.launchers.local import LocalProcessLauncher
+
+        return LocalProcessLauncher()
+
+    def stage_env(self) -> dict[str, str]:
+        return {
+            **self.spec.env,
+            **self.object_store_hook.stage_env(),
+            **self.mlflow_hook.stage_env(),
+            "PYTHONUNBUFFERED": "1",
+            **self.private_env,
+        }
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        spec = self.spec.with_(args=tuple(self.spec.args) + tuple(self.stage_args))
+        argv = spec.argv(self.run_uri, self.config)
+        self.log.info("launching (%s): %s", spec.launcher, " ".join(argv))
+        self._launcher = self.make_launcher()
+        tail: list[str] = []
+
+        def on_line(line: str) -> None:
+            self.log.info("%s", line)
+            if line.startswith(RESULT_PREFIX):
+                tail.append(line)
+
+        rc = self._launcher.run(spec, argv, self.stage_env(), on_line)
+        if rc != 0:
+            raise StageFailed(f"stage {spec.command} exited with code {rc} (see the log above)")
+        result = parse_result(tail)
+        if result is None:
+            raise StageFailed(f"stage {spec.command} exited 0 but printed no {RESULT_PREFIX.strip()} line")
+        self._persist_links(context, result)
+        return result
+
+    def _persist_links(self, context: Any, result: dict[str, Any]) -> None:
+        if result.get("mlflow_run_id"):
+            ui = self.mlflow_hook.ui_url().rstrip("/")
+            MlflowRunLink.persist(context, ui_url=ui, experiment_id=str(result.get("mlflow_experiment_id") or "0"),
+                                  run_id=result["mlflow_run_id"])
+        folder = result["manifest_uri"].rsplit("/", 1)[0]
+        CheckpointLink.persist(context, browse_url=browse_url(folder, self.object_store_hook.stage_env()))
+
+    def on_kill(self) -> None:
+        if self._launcher is not None:
+            self.log.info("stopping stage %s", self.spec.command)
+            self._launcher.stop()
+
+
+def browse_url(folder_uri: str, env: dict[str, str]) -> str:
+    """An http(s) address for a stage folder: the S3 endpoint's path-style URL, or the file:// URI."""
+    if folder_uri.startswith("s3://"):
+        endpoint = env.get("AWS_ENDPOINT_URL_S3", "").rstrip("/")
+        bucket, _, key = folder_uri[5:].partition("/")
+        if endpoint:
+            return f"{endpoint}/{bucket}?prefix={key}/"
+        return f"https://s3.console.aws.amazon.com/s3/buckets/{bucket}?prefix={key}/"
+    return folder_uri
