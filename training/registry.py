@@ -1,0 +1,61 @@
+"""The MLflow Model Registry side of promotion: versions point at checkpoint URIs; `champion` is an alias.
+
+A registered version's `source` is the checkpoint folder URI (s3:// or file://), the folder the evaluate stage
+verified through its manifest, so loading the champion is `models.load_model(champion_uri(...))`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CHAMPION = "champion"
+DEFAULT_MODEL_NAME = "posttrain-tiny"
+
+
+@dataclass(frozen=True)
+class Champion:
+    name: str
+    version: str
+    source: str
+    run_id: str | None
+
+
+def _client():
+    from mlflow.tracking import MlflowClient
+
+    from training.tracking import ensure_reachable
+
+    ensure_reachable()
+    return MlflowClient()
+
+
+def champion(name: str = DEFAULT_MODEL_NAME, alias: str = CHAMPION) -> Champion | None:
+    """The version the alias points at, or None when the model or the alias does not exist yet."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client()
+    try:
+        mv = client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+    return Champion(name, str(mv.version), mv.source, mv.run_id)
+
+
+def promote(checkpoint_uri: str, name: str = DEFAULT_MODEL_NAME, run_id: str | None = None,
+            tags: dict[str, str] | None = None, alias: str = CHAMPION) -> Champion:
+    """Register `checkpoint_uri` as a new version of `name` and move `alias` to it.
+
+    Idempotent for a retried promote stage: if a version with the same source already exists it is reused.
+    """
+    from mlflow.exceptions import MlflowException
+
+    client = _client()
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description="Promoted by the posttrain pipeline's gate.")
+    existing = [mv for mv in client.search_model_versions(f"name = '{name}'") if mv.source == checkpoint_uri]
+    mv = existing[0] if existing else client.create_model_version(
+        name, source=checkpoint_uri, run_id=run_id, tags=tags or {})
+    client.set_registered_model_alias(name, alias, mv.version)
+    return Champion(name, str(mv.version), mv.source, mv.run_id)
