@@ -1,0 +1,68 @@
+"""The gate and promote stages on planted evaluation reports (the model-free half of issue 6)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from training import cli, registry, storage
+
+
+def _model(**rates: float) -> dict:
+    return {"uri": "", "domains": {d: {"pass1": {"passed": round(r * 100), "total": 100}} for d, r in rates.items()}}
+
+
+def _plant(run_uri: str, report: dict, candidate_stage: str = "rl_round_2") -> str:
+    cand = storage.ManifestWriter(storage.join(run_uri, candidate_stage))
+    cand.put_bytes(b"weights", "model/model.safetensors")
+    cand.commit()
+    report["models"]["candidate"]["uri"] = cand.uri
+    report["candidate_stage"] = candidate_stage
+    ev = storage.ManifestWriter(storage.join(run_uri, "evaluate"))
+    ev.put_json(report, "report.json")
+    ev.commit()
+    return cand.uri
+
+
+def _verdict(run_uri: str) -> dict:
+    return storage.read_json(storage.require_manifest(storage.join(run_uri, "gate")), "verdict.json")
+
+
+def test_degraded_candidate_blocked_and_promote_refused(file_run_uri, local_mlflow, capsys) -> None:
+    _plant(file_run_uri, {"models": {"candidate": _model(math=0.62, code=0.10),
+                                     "sft": _model(math=0.40, code=0.35)}})
+    assert cli.main(["gate", "--run", file_run_uri]) == 0
+    verdict = _verdict(file_run_uri)
+    assert verdict["decision"] == "block"
+    assert [(f["rule"], f["domain"]) for f in verdict["findings"]] == [("regression", "code")]
+    assert cli.main(["promote", "--run", file_run_uri, "--set", "model_name=m-degraded"]) == 2
+    assert "the gate blocked this candidate: code: pass@1 0.100 vs sft 0.350" in capsys.readouterr().err
+    assert registry.champion("m-degraded") is None
+    assert storage.read_manifest(storage.join(file_run_uri, "promote")) is None
+
+
+def test_reward_hack_blocked(file_run_uri, local_mlflow) -> None:
+    _plant(file_run_uri, {
+        "models": {"candidate": _model(math=0.20, code=0.30), "sft": _model(math=0.45, code=0.30)},
+        "rounds": [{"stage": "rl_round_1", "train_reward_mean": 0.30},
+                   {"stage": "rl_round_2", "train_reward_mean": 0.70}]})
+    assert cli.main(["gate", "--run", file_run_uri, "--set", 'references=["champion"]']) == 0
+    verdict = _verdict(file_run_uri)
+    assert verdict["decision"] == "block"
+    assert [(f["rule"], f["domain"]) for f in verdict["findings"]] == [("reward_hacking", "math")]
+
+
+def test_improvement_promoted_and_alias_moves(file_run_uri, local_mlflow, capsys) -> None:
+    cand_uri = _plant(file_run_uri, {"models": {"candidate": _model(math=0.70, code=0.36),
+                                                "sft": _model(math=0.40, code=0.35)}})
+    assert cli.main(["gate", "--run", file_run_uri]) == 0
+    assert _verdict(file_run_uri)["decision"] == "promote"
+    assert cli.main(["promote", "--run", file_run_uri, "--set", "model_name=m-good"]) == 0
+    champ = registry.champion("m-good")
+    assert champ is not None and champ.source == cand_uri and champ.version == "1"
+    promotion = storage.read_json(storage.require_manifest(storage.join(file_run_uri, "promote")),
+                                  "promotion.json")
+    assert promotion == {"model_name": "m-good", "version": "1", "alias": "champion", "source": cand_uri}
+    out = capsys.readouterr().out
+    assert json.loads(out.strip().splitlines()[-1].split(" ", 1)[1])["summary"]["version"] == "1"
