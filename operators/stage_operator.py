@@ -33,9 +33,11 @@ class PosttrainStageOperator(BaseOperator):
     :param aws_conn_id: Airflow connection for the object store (endpoint_url in extra for MinIO).
     :param mlflow_conn_id: Airflow connection for the MLflow tracking server.
     :param private_env: secrets for the stage; never templated, never rendered in the UI.
+    :param enabled: templated; when it renders false ("False", "0", "") the task is skipped, e.g.
+        ``"{{ params.rounds >= 3 }}"`` for a round beyond the requested number.
     """
 
-    template_fields: Sequence[str] = ("run_uri", "config", "stage_args")
+    template_fields: Sequence[str] = ("run_uri", "config", "stage_args", "enabled")
     template_fields_renderers = {"config": "json"}
     operator_extra_links = (MlflowRunLink(), CheckpointLink())
     ui_color = "#e8f0fe"
@@ -51,6 +53,7 @@ class PosttrainStageOperator(BaseOperator):
         mlflow_conn_id: str | None = MlflowHook.default_conn_name,
         docker_conn_id: str | None = None,
         private_env: dict[str, str] | None = None,
+        enabled: str | bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -66,6 +69,7 @@ class PosttrainStageOperator(BaseOperator):
         self.mlflow_conn_id = mlflow_conn_id
         self.docker_conn_id = docker_conn_id
         self.private_env = private_env or {}
+        self.enabled = enabled
         self._launcher: Launcher | None = None
 
     @cached_property
@@ -99,6 +103,10 @@ class PosttrainStageOperator(BaseOperator):
         }
 
     def execute(self, context: Any) -> dict[str, Any]:
+        if str(self.enabled).strip().lower() in ("false", "0", "", "none", "no"):
+            from airflow.exceptions import AirflowSkipException
+
+            raise AirflowSkipException(f"stage {self.spec.command} {' '.join(self.stage_args)} not requested")
         spec = self.spec.with_(args=tuple(self.spec.args) + tuple(self.stage_args))
         argv = spec.argv(self.run_uri, self.config)
         self.log.info("launching (%s): %s", spec.launcher, " ".join(argv))

@@ -7,12 +7,29 @@ stack, and it is stopped (whole process groups) at the end of the session.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
 from infra.local.stack import Stack, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Airflow reads its configuration when first imported, and test modules import it at collection time: point it
+# at a private AIRFLOW_HOME (SQLite) before anything else does, so tests never touch ~/airflow or `make up`'s.
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="posttrain-test-airflow-"))
+os.environ.update({
+    "AIRFLOW_HOME": str(_AIRFLOW_HOME),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+    "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME / 'airflow.db'}",
+    "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+})
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +64,12 @@ def local_mlflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated Airflow metadata DB (SQLite) in the session's private AIRFLOW_HOME."""
+    res = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True,
+                         env=os.environ.copy())
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return _AIRFLOW_HOME

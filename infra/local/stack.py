@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -261,6 +260,10 @@ class Stack:
         )
         if res.returncode != 0:
             raise StackError(f"`airflow db migrate` failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+        # The DAGs put GPU stages in pool "gpu" and sandbox-heavy ones in "sandbox": one slot each here.
+        for pool, slots, what in (("gpu", 1, "GPU stages"), ("sandbox", 1, "sandbox-heavy stages")):
+            subprocess.run([_bin("airflow"), "pools", "set", pool, str(slots), what],
+                           env={**os.environ, **env}, cwd=self.state, capture_output=True, text=True, check=True)
 
     def _wait_healthy(self, svc: Service) -> None:
         deadline = time.monotonic() + svc.start_timeout_s

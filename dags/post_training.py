@@ -1,0 +1,53 @@
+"""post_training: task set -> SFT -> RL rounds -> evaluate -> gate -> promote (or report the block).
+
+Trigger it from the UI with the form (base model, profile, domain mix, rounds, k, learning rate, KL coefficient).
+Every task runs one `posttrain <stage>` under the same run URI; a retry resumes the stage from its checkpoints.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, chain
+from airflow.providers.standard.operators.empty import EmptyOperator
+
+from operators.pipeline import MAX_ROUNDS, PARAMS, GateBranchOperator, run_slug, spec, stage_config
+from operators.stage_operator import PosttrainStageOperator
+
+RUN_URI = "{{ params.run_root }}/{{ run_slug(run_id) }}"
+
+with DAG(
+    dag_id="post_training",
+    description="Post-train a base model: verifiable tasks, SFT, GRPO rounds, evaluation, regression gate",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    params=PARAMS,
+    user_defined_macros={"run_slug": run_slug, "stage_config": stage_config},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    max_active_runs=1,
+    tags=["posttrain"],
+) as dag:
+    taskset = PosttrainStageOperator(
+        task_id="build_taskset", spec=spec("build-taskset"), run_uri=RUN_URI,
+        config="{{ stage_config('taskset', params) }}", pool="default_pool")
+    sft = PosttrainStageOperator(
+        task_id="sft", spec=spec("sft", gpus=1), run_uri=RUN_URI,
+        config="{{ stage_config('sft', params) }}", pool="gpu")
+    rounds = [
+        PosttrainStageOperator(
+            task_id=f"rl_round_{n}", spec=spec("rl-round", "--round", str(n), gpus=1), run_uri=RUN_URI,
+            config=f"{{{{ stage_config('rl_round_{n}', params) }}}}", enabled=f"{{{{ params.rounds >= {n} }}}}",
+            pool="gpu")
+        for n in range(1, MAX_ROUNDS + 1)
+    ]
+    evaluate = PosttrainStageOperator(
+        task_id="evaluate", spec=spec("evaluate", gpus=1), run_uri=RUN_URI,
+        config="{{ stage_config('evaluate', params) }}", pool="sandbox", trigger_rule="none_failed")
+    gate = PosttrainStageOperator(task_id="gate", spec=spec("gate"), run_uri=RUN_URI)
+    branch = GateBranchOperator(task_id="gate_verdict", gate_task_id="gate", promote_task_id="promote",
+                                blocked_task_id="blocked")
+    promote = PosttrainStageOperator(task_id="promote", spec=spec("promote"), run_uri=RUN_URI)
+    blocked = EmptyOperator(task_id="blocked")
+
+    chain(taskset, sft, *rounds, evaluate, gate, branch, [promote, blocked])

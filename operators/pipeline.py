@@ -1,0 +1,90 @@
+"""What the DAG files share: the trigger form, stage configs built from it, run URIs, the gate branch.
+
+Kept here, not in dags/, so DAG files stay pure wiring and this logic is unit-testable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+from airflow.sdk import BaseBranchOperator, Param
+
+from operators.spec import StageSpec
+
+MAX_ROUNDS = int(os.environ.get("POSTTRAIN_MAX_ROUNDS", "4"))
+DEFAULT_RUN_ROOT = os.environ.get("POSTTRAIN_RUN_ROOT", "s3://posttrain/runs")
+LAUNCHER = os.environ.get("POSTTRAIN_LAUNCHER", "local")
+TRAIN_IMAGE = os.environ.get("POSTTRAIN_TRAIN_IMAGE", "posttrain-train:latest")
+
+# The trigger form of `post_training` (Airflow renders these as a form in "Trigger DAG").
+PARAMS: dict[str, Param] = {
+    "base_model": Param("", type="string", title="Base model",
+                        description="hub id, local path or s3:// URI; empty = the tiny profile's model from scratch"),
+    "profile": Param("tiny", enum=["tiny", "data"], title="Profile"),
+    "mix": Param({"math": 0.5, "code": 0.25, "extraction": 0.25}, type="object", title="Domains and ratios",
+                 description="train-set domain mixing ratios (also the RL prompt mix)"),
+    "rounds": Param(2, type="integer", minimum=0, maximum=MAX_ROUNDS, title="RL rounds"),
+    "k": Param(8, type="integer", minimum=2, maximum=64, title="Samples per prompt (k)"),
+    "learning_rate": Param(5e-4, type="number", exclusiveMinimum=0, title="RL learning rate"),
+    "kl_coef": Param(0.02, type="number", minimum=0, title="KL coefficient (beta)"),
+    "seed": Param(0, type="integer", title="Seed"),
+    "run_root": Param(DEFAULT_RUN_ROOT, type="string", title="Run root URI",
+                      description="outputs go to <run_root>/<run id>/<stage>/"),
+}
+
+
+def run_slug(run_id: str) -> str:
+    """An Airflow run id made safe for an object key (`manual__2026-12-03T08:00:00+00:00` has ':' and '+')."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", run_id).strip("-")
+
+
+def stage_config(stage: str, params: dict[str, Any]) -> str:
+    """The inline JSON config of one stage, from the trigger form's params."""
+    seed = int(params.get("seed", 0))
+    if stage == "taskset":
+        cfg: dict[str, Any] = {"profile": params.get("profile", "tiny"), "seed": seed}
+        if params.get("mix"):
+            cfg["mix"] = params["mix"]
+    elif stage == "sft":
+        cfg = {"seed": seed}
+        if params.get("base_model"):
+            cfg["base_model"] = params["base_model"]
+    elif stage.startswith("rl_round"):
+        cfg = {"seed": seed, "samples_per_prompt": int(params.get("k", 8)),
+               "lr": float(params.get("learning_rate", 5e-4)), "beta": float(params.get("kl_coef", 0.02))}
+        if params.get("mix"):
+            cfg["domain_weights"] = params["mix"]
+    elif stage == "evaluate":
+        cfg = {"seed": seed}
+    else:
+        cfg = {}
+    return json.dumps(cfg, sort_keys=True)
+
+
+def spec(command: str, *args: str, gpus: int = 0) -> StageSpec:
+    return StageSpec(command, tuple(args), launcher=LAUNCHER, image=TRAIN_IMAGE, gpus=gpus if LAUNCHER != "local" else 0)
+
+
+class GateBranchOperator(BaseBranchOperator):
+    """Follow `promote_task_id` when the gate's verdict is "promote", else `blocked_task_id`."""
+
+    template_fields = ("gate_task_id",)
+
+    def __init__(self, *, gate_task_id: str, promote_task_id: str, blocked_task_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gate_task_id = gate_task_id
+        self.promote_task_id = promote_task_id
+        self.blocked_task_id = blocked_task_id
+
+    def choose_branch(self, context: Any) -> str:
+        result = context["ti"].xcom_pull(task_ids=self.gate_task_id) or {}
+        summary = result.get("summary", {})
+        decision = summary.get("decision")
+        if decision not in ("promote", "block"):
+            raise ValueError(f"gate task {self.gate_task_id!r} returned no decision: {result!r}")
+        for reason in summary.get("reasons", []):
+            self.log.info("gate: %s", reason)
+        return self.promote_task_id if decision == "promote" else self.blocked_task_id
