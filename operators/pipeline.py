@@ -10,11 +10,15 @@ import os
 import re
 from typing import Any
 
-from airflow.sdk import BaseBranchOperator, Param
+from airflow.sdk import Asset, BaseBranchOperator, Param
 
 from operators.spec import StageSpec
 
 MAX_ROUNDS = int(os.environ.get("POSTTRAIN_MAX_ROUNDS", "4"))
+TASKSETS_ROOT = os.environ.get("POSTTRAIN_TASKSETS_ROOT", "s3://posttrain/tasksets")
+MODEL_NAME = os.environ.get("POSTTRAIN_MODEL_NAME", "posttrain-tiny")
+# Updated by taskset_refresh when it moves the pointer; nightly_retraining is scheduled on it.
+TASKSET_ASSET = Asset(f"{TASKSETS_ROOT}/latest.json", extra={"kind": "posttrain task set"})
 DEFAULT_RUN_ROOT = os.environ.get("POSTTRAIN_RUN_ROOT", "s3://posttrain/runs")
 LAUNCHER = os.environ.get("POSTTRAIN_LAUNCHER", "local")
 TRAIN_IMAGE = os.environ.get("POSTTRAIN_TRAIN_IMAGE", "posttrain-train:latest")

@@ -42,7 +42,9 @@ class StageSpec:
         return replace(self, **changes)
 
     def argv(self, run_uri: str, config: str | None) -> list[str]:
-        out = ["posttrain", self.command, *self.args, "--run", run_uri]
+        out = ["posttrain", self.command, *self.args]
+        if run_uri:
+            out += ["--run", run_uri]
         if config:
             out += ["--config", config]
         return out

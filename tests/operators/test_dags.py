@@ -22,6 +22,7 @@ def dagbag():
 
 def test_dagbag_imports_without_errors(dagbag) -> None:
     assert dagbag.import_errors == {}
+    assert set(dagbag.dags) == {"post_training", "nightly_retraining", "taskset_refresh"}
     dag = dagbag.dags["post_training"]
     ids = [t.task_id for t in dag.tasks]
     assert ids[:2] == ["build_taskset", "sft"]
@@ -33,6 +34,17 @@ def test_dagbag_imports_without_errors(dagbag) -> None:
         if hasattr(task, "spec"):
             assert task.retries == 2
             assert {"run_uri", "config"} <= set(task.template_fields)
+
+
+def test_nightly_and_refresh_wiring(dagbag) -> None:
+    from operators.pipeline import TASKSET_ASSET
+
+    nightly = dagbag.dags["nightly_retraining"]
+    assert "0 2 * * *" in nightly.timetable.summary and "Asset" in nightly.timetable.summary
+    assert set(nightly.get_task("rl_round_1").upstream_task_ids) == {"adopt_taskset", "adopt_champion"}
+    assert "models:/posttrain-tiny@champion" in nightly.get_task("adopt_champion").spec.args
+    refresh = dagbag.dags["taskset_refresh"]
+    assert [o.uri for o in refresh.get_task("publish").outlets] == [TASKSET_ASSET.uri]
 
 
 def test_stage_configs_from_params() -> None:

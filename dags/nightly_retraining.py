@@ -1,0 +1,61 @@
+"""nightly_retraining: RL rounds on top of the current champion with the newest task set.
+
+Runs every night and whenever `taskset_refresh` publishes a new task set. The champion (MLflow alias) becomes
+this run's `sft` stage (its policy init and KL reference) and the newest task set its `taskset` stage; then the
+same rounds → evaluate → gate → promote as `post_training`, so a night that makes things worse is blocked.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG, chain
+from airflow.timetables.assets import AssetOrTimeSchedule
+from airflow.timetables.trigger import CronTriggerTimetable
+
+from operators.pipeline import (MAX_ROUNDS, MODEL_NAME, PARAMS, TASKSET_ASSET, TASKSETS_ROOT, GateBranchOperator,
+                                run_slug, spec, stage_config)
+from operators.stage_operator import PosttrainStageOperator
+
+RUN_URI = "{{ params.run_root }}/{{ run_slug(run_id) }}"
+NIGHTLY_PARAMS = {k: v for k, v in PARAMS.items() if k not in ("base_model", "profile")}
+
+with DAG(
+    dag_id="nightly_retraining",
+    description="Nightly GRPO rounds from the champion on the newest task set, gated against the champion",
+    schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"),
+                                 assets=TASKSET_ASSET),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    params=NIGHTLY_PARAMS,
+    user_defined_macros={"run_slug": run_slug, "stage_config": stage_config},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    max_active_runs=1,
+    tags=["posttrain"],
+) as dag:
+    taskset = PosttrainStageOperator(
+        task_id="adopt_taskset", spec=spec("adopt", "--source", TASKSETS_ROOT, "--as", "taskset"),
+        run_uri=RUN_URI)
+    champion = PosttrainStageOperator(
+        task_id="adopt_champion",
+        spec=spec("adopt", "--source", f"models:/{MODEL_NAME}@champion", "--as", "sft", "--prefix", "model"),
+        run_uri=RUN_URI)
+    rounds = [
+        PosttrainStageOperator(
+            task_id=f"rl_round_{n}", spec=spec("rl-round", "--round", str(n), gpus=1), run_uri=RUN_URI,
+            config=f"{{{{ stage_config('rl_round_{n}', params) }}}}", enabled=f"{{{{ params.rounds >= {n} }}}}",
+            pool="gpu")
+        for n in range(1, MAX_ROUNDS + 1)
+    ]
+    evaluate = PosttrainStageOperator(
+        task_id="evaluate", spec=spec("evaluate", gpus=1), run_uri=RUN_URI,
+        config="{{ stage_config('evaluate', params) }}", pool="sandbox", trigger_rule="none_failed")
+    gate = PosttrainStageOperator(task_id="gate", spec=spec("gate"), run_uri=RUN_URI)
+    branch = GateBranchOperator(task_id="gate_verdict", gate_task_id="gate", promote_task_id="promote",
+                                blocked_task_id="blocked")
+    promote = PosttrainStageOperator(task_id="promote", spec=spec("promote"), run_uri=RUN_URI)
+    blocked = EmptyOperator(task_id="blocked")
+
+    chain([taskset, champion], rounds[0])
+    chain(*rounds, evaluate, gate, branch, [promote, blocked])
