@@ -82,6 +82,16 @@ def _test_dag(dag_id: str):
     return bag.dags[dag_id]
 
 
+def _links(ti) -> dict:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(XComModel).filter_by(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id).all()
+        return {r.key: r.value if isinstance(r.value, dict) else json.loads(r.value) for r in rows
+                if r.key.startswith("posttrain_")}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("improves", [True, False])
 def test_gate_and_promote_through_airflow(airflow_db, tmp_path, monkeypatch, improves) -> None:
@@ -96,6 +106,9 @@ def test_gate_and_promote_through_airflow(airflow_db, tmp_path, monkeypatch, imp
         run_conf={"run_uri": run_uri, "promote_config": json.dumps({"model_name": name})})
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     assert dr.state == "success", states
+    gate_ti = next(ti for ti in dr.get_task_instances() if ti.task_id == "gate")
+    links = _links(gate_ti)
+    assert links["posttrain_mlflow_run"]["run_id"] and links["posttrain_checkpoint"]["browse_url"] == f"{run_uri}/gate"
     if improves:
         assert states["promote"] == "success" and states["blocked"] == "skipped"
         assert registry.champion(name) is not None
