@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-LAUNCHERS = ("local", "docker")
+LAUNCHERS = ("local", "docker", "kubernetes")
 
 
 @dataclass(frozen=True)
@@ -13,8 +13,9 @@ class StageSpec:
 
     command:   the posttrain subcommand ("build-taskset", "sft", "rl-round", ...).
     args:      extra CLI arguments (e.g. ["--round", "2"]); --run and --config are added by the operator.
-    launcher:  "local" (a process on the worker) or "docker" (a container, GPUs via device_requests).
-    image:     container image for docker.
+    launcher:  "local" (a process on the worker), "docker" (a container, GPUs via device_requests) or
+               "kubernetes" (a pod, GPUs as nvidia.com/gpu limits).
+    image:     container image for docker and kubernetes.
     gpus:      GPUs to request (0 = none).
     memory:    container memory limit, e.g. "16g"; None = no limit.
     cpus:      container CPU limit; None = no limit.

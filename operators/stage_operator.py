@@ -54,6 +54,7 @@ class PosttrainStageOperator(BaseOperator):
         docker_conn_id: str | None = None,
         private_env: dict[str, str] | None = None,
         enabled: str | bool = True,
+        kubernetes_namespace: str = "posttrain",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -70,6 +71,7 @@ class PosttrainStageOperator(BaseOperator):
         self.docker_conn_id = docker_conn_id
         self.private_env = private_env or {}
         self.enabled = enabled
+        self.kubernetes_namespace = kubernetes_namespace
         self._launcher: Launcher | None = None
 
     @cached_property
@@ -89,6 +91,10 @@ class PosttrainStageOperator(BaseOperator):
             from operators.launchers.docker import DockerLauncher
 
             return DockerLauncher(self.docker_hook.client)
+        if self.spec.launcher == "kubernetes":
+            from operators.launchers.kubernetes import KubernetesLauncher
+
+            return KubernetesLauncher(namespace=self.kubernetes_namespace)
         from operators.launchers.local import LocalProcessLauncher
 
         return LocalProcessLauncher()

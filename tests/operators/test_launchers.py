@@ -127,5 +127,5 @@ def test_docker_nonzero_exit_code(client) -> None:
 
 
 def test_spec_validates_launcher() -> None:
-    with pytest.raises(ValueError, match="not one of local, docker"):
+    with pytest.raises(ValueError, match="not one of local, docker, kubernetes"):
         StageSpec("sft", launcher="slurm")
