@@ -1,0 +1,84 @@
+"""The code verifier through the real sandbox, the reward registry, and score_tasks dispatch."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from training import rewards
+from training.rewards import REWARDS, UnknownVerifier, get_reward, register_reward, score_tasks
+from training.rewards.code import assemble_program, code_reward, extract_program
+from training.tasksets.generators import generate
+from training.tasksets.schema import Task
+
+needs_sandbox = pytest.mark.skipif(importlib.util.find_spec("sandbox") is None,
+                                   reason="sandbox/ is not importable in this checkout")
+
+
+def test_registry_names_and_conflicts() -> None:
+    assert {"math", "code", "json_rules"} <= set(REWARDS)
+    with pytest.raises(ValueError, match="already registered"):
+        register_reward("math")(lambda prompts, completions, **c: [None] * len(completions))
+    same = REWARDS["math"]
+    assert register_reward("math")(same) is same  # re-registering the same function is harmless
+    with pytest.raises(UnknownVerifier, match="unknown verifier 'regex'; known verifiers: code, json_rules, math"):
+        get_reward("regex")
+    with pytest.raises(UnknownVerifier, match="known verifiers"):
+        score_tasks([Task("t", "math", "p", "regex")], ["1"])
+
+
+def test_program_assembly() -> None:
+    assert extract_program("```python\ndef f(x):\n    return 1\n```\nexplanation") == "def f(x):\n    return 1\n"
+    assert extract_program("def f(x): return 1") == "def f(x): return 1"
+    meta = {"program_prefix": "def f(x):\n", "program_suffix": "\n"}
+    assert assemble_program("    return x", meta) == "def f(x):\n    return x\n"
+
+
+def test_code_reward_without_sandbox_work() -> None:
+    # rows of other verifiers, empty completions and malformed tests never reach the sandbox
+    out = code_reward(["p"] * 3, ["", "def f(x): return x", "x"], tests=[[{"call": "f(1)", "expected": 1}],
+                      [{"call": "f(1"}], []], verifier=["code", "code", "math"])
+    assert out == [0.0, 0.0, None]
+
+
+@needs_sandbox
+def test_code_reward_runs_one_batch_in_sandbox(monkeypatch) -> None:
+    import sandbox
+
+    calls = []
+    real = sandbox.run_batch
+
+    def spy(jobs, **kw):
+        calls.append(len(jobs))
+        return real(jobs, **kw)
+
+    monkeypatch.setattr(sandbox, "run_batch", spy)
+    tests = [{"call": "f(2)", "expected": 5}, {"call": "f(-3)", "expected": 0}]
+    completions = ["def f(x): return x+3", "def f(x): return x+4", "```python\ndef f(x):\n    return 3+x\n```",
+                   "def f(x): return", "import time\ndef f(x):\n    while True: pass"]
+    out = code_reward(["p"] * 5, completions, tests=[tests] * 5, verifier=["code"] * 5,
+                      id=[f"t{i}" for i in range(5)], limits=sandbox.Limits(wall_s=1.5, cpu_s=1.0))
+    assert out == [1.0, 0.0, 1.0, 0.0, 0.0]
+    assert calls == [5]
+
+
+@needs_sandbox
+def test_generated_references_pass_their_own_verifiers() -> None:
+    """Every domain's reference completion scores 1.0 (code through the sandbox), and a wrong one 0.0."""
+    tasks = generate("math", 10, 3) + generate("code", 15, 3) + generate("extraction", 10, 3)
+    assert score_tasks(tasks, [t.reference for t in tasks]) == [1.0] * len(tasks)
+    wrong = ["0" if t.domain == "math" and t.answer != "0" else "def f(*a): return None" if t.domain == "code"
+             else "{}" for t in tasks]
+    scores = score_tasks(tasks, wrong)
+    assert scores.count(1.0) <= 1  # "None" may happen to be right for no generated task; allow one fluke
+
+
+def test_score_tasks_dispatch_without_code() -> None:
+    tasks = generate("math", 3, 0) + generate("extraction", 3, 0)
+    comps = [t.reference for t in tasks]
+    comps[1] = "nope"
+    assert score_tasks(tasks, comps) == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="3 tasks but 2 completions"):
+        score_tasks(tasks[:3], comps[:2])
+    assert rewards.task_columns(tasks[:1])["answer"] == [tasks[0].answer]

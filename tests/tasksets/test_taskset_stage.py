@@ -1,0 +1,106 @@
+"""The build-taskset stage end to end: manifest, parquet outputs, report, MLflow records, skip on re-run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from training import cli, storage
+from training.tasksets.config import SourceSpec, TasksetConfig
+from training.tasksets.io import load_stage_tasks, load_tasks
+from training.tasksets.stage import build
+
+SMALL = {"total": 600, "holdout_fraction": 0.2}
+
+
+def _load(manifest, name, tmp_path):
+    return load_tasks(storage.fetch(manifest, name, tmp_path / "fetched" / name))
+
+
+def test_tiny_stage_end_to_end(file_run_uri, local_mlflow, tmp_path, capsys) -> None:
+    assert cli.main(["build-taskset", "--run", file_run_uri, "--config", json.dumps(SMALL)]) == 0
+    manifest = storage.read_manifest(storage.join(file_run_uri, "taskset"))
+    assert manifest is not None and set(manifest.files) == {"train.parquet", "holdout.parquet", "report.json"}
+    train, holdout = _load(manifest, "train.parquet", tmp_path), _load(manifest, "holdout.parquet", tmp_path)
+    report = storage.read_json(manifest, "report.json")
+    assert report["counts"]["train"]["total"] == len(train) and report["counts"]["holdout"]["total"] == len(holdout)
+    assert {t.domain for t in holdout} == {"math", "code", "extraction"}
+    assert {t.difficulty for t in holdout if t.domain == "math"} == {1, 2, 3, 4, 5}
+    assert not {t.prompt for t in train} & {t.prompt for t in holdout}
+    assert report["dedup"]["input"] == 600 and report["overlap"]["ngram"] == 13
+    assert manifest.config["total"] == 600 and manifest.extra["summary"]["train"] == len(train)
+    assert load_stage_tasks(manifest, "holdout", tmp_path / "consumer") == holdout
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    run = client.get_run(manifest.mlflow_run_id)
+    assert run.data.metrics["train.math"] == report["counts"]["train"]["by_domain"]["math"]
+    assert run.data.metrics["holdout.code.d1"] == report["counts"]["holdout"]["by_domain_difficulty"]["code"]["1"]
+    assert run.data.params["holdout_fraction"] == "0.2"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"report.json", "samples.json", "counts.png"} <= artifacts
+    table = json.loads(open(client.download_artifacts(run.info.run_id, "samples.json", str(tmp_path))).read())
+    assert len(table["data"]) >= 20 * 3
+
+    capsys.readouterr()
+    assert cli.main(["build-taskset", "--run", file_run_uri, "--config", json.dumps(SMALL)]) == 0
+    assert '"skipped": true' in capsys.readouterr().out
+
+
+def test_build_is_deterministic_and_seeded() -> None:
+    a, b = build(TasksetConfig(**SMALL)), build(TasksetConfig(**SMALL))
+    assert a.train == b.train and a.holdout == b.holdout
+    c = build(TasksetConfig(**SMALL, seed=1))
+    assert [t.prompt for t in c.train] != [t.prompt for t in a.train]
+
+
+def test_bad_source_fails_with_row_and_field_or_quarantines(file_run_uri, local_mlflow, tmp_path, capsys) -> None:
+    src = tmp_path / "user.jsonl"
+    good = {"id": "u1", "domain": "math", "prompt": "What is six times seven?", "verifier": "math", "answer": "42"}
+    src.write_text("\n".join([json.dumps(good), json.dumps(dict(good, id="u2", difficulty="hard")),
+                              json.dumps(dict(good, id="u3", prompt="What is 6 times 8?", answer="48"))]) + "\n")
+    config = dict(SMALL, sources=[{"path": str(src)}])
+    assert cli.main(["build-taskset", "--run", file_run_uri, "--config", json.dumps(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}:2: field 'difficulty': expected an integer 1..5, got str 'hard'" in err
+    assert storage.read_manifest(storage.join(file_run_uri, "taskset")) is None
+
+    assert cli.main(["build-taskset", "--run", file_run_uri, "--config", json.dumps(config),
+                     "--set", "quarantine=true"]) == 0
+    manifest = storage.read_manifest(storage.join(file_run_uri, "taskset"))
+    assert "quarantine.jsonl" in manifest.files
+    assert json.loads(storage.read_bytes(manifest, "quarantine.jsonl"))["id"] == "u2"
+    report = storage.read_json(manifest, "report.json")
+    assert report["validation"]["quarantined"] == 1 and report["inputs"][str(src)] == 3
+    ids = {t.id for name in ("train.parquet", "holdout.parquet") for t in _load(manifest, name, tmp_path)}
+    assert {"u1", "u3"} <= ids and "u2" not in ids
+
+
+def test_data_profile_and_config_errors(tmp_path, capsys) -> None:
+    src = tmp_path / "gsm.jsonl"
+    src.write_text("".join(json.dumps({"question": f"Tom has {i} apples and buys {i + 1} more. How many now?",
+                                       "answer": f"{i}+{i + 1}={2 * i + 1}\n#### {2 * i + 1}"}) + "\n"
+                           for i in range(40)))
+    result = build(TasksetConfig(profile="data", sources=[SourceSpec(str(src), adapter="gsm8k")],
+                                 holdout_fraction=0.25))
+    assert len(result.train) == 30 and len(result.holdout) == 10
+    assert result.report["inputs"] == {str(src): 40}
+    assert cli.main(["build-taskset", "--run", f"file://{tmp_path}/r", "--set", "profile=data"]) == 2
+    assert 'profile "data" needs at least one entry in sources' in capsys.readouterr().err
+    assert cli.main(["build-taskset", "--run", f"file://{tmp_path}/r", "--set", "holdout_fraction=1.5"]) == 2
+    assert cli.main(["build-taskset", "--run", f"file://{tmp_path}/r", "--set", 'counts={"poetry": 3}']) == 2
+    assert "no generator for domain(s) ['poetry']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_stage_against_real_s3_and_mlflow(s3_run_uri, tmp_path) -> None:
+    assert cli.main(["build-taskset", "--run", s3_run_uri, "--config", json.dumps(SMALL)]) == 0
+    manifest = storage.read_manifest(storage.join(s3_run_uri, "taskset"))
+    assert manifest is not None and {"train.parquet", "holdout.parquet", "report.json"} <= set(manifest.files)
+    assert len(_load(manifest, "holdout.parquet", tmp_path)) == storage.read_json(
+        manifest, "report.json")["counts"]["holdout"]["total"]
+    from mlflow.tracking import MlflowClient
+
+    assert "counts.png" in {a.path for a in MlflowClient().list_artifacts(manifest.mlflow_run_id)}

@@ -1,0 +1,83 @@
+"""The code verifier: run each completion against its task's unit tests in `sandbox/`, one batch per call.
+
+How the program is assembled (the same for synthetic and loaded tasks):
+
+    program = metadata.get("program_prefix", "") + extract_program(completion) + metadata.get("program_suffix", "")
+
+`extract_program` takes the first fenced block (```python ... ```) when the completion has one, else the
+completion as-is. Tiny-profile tasks have no prefix (the completion is the whole `def f(x): ...`); HumanEval
+tasks put the signature and docstring in `program_prefix` (the completion continues the body); MBPP tasks put
+`test_setup_code` there. Each test is a `sandbox.TestCase(call, expected)`: the call is evaluated after the
+program ran and its value compared on the host. The reward is 1.0 only when the sandbox reports
+`Status.PASSED` (every test passed); a timeout, crash, wrong value, malformed test or empty completion is 0.0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Sequence
+
+from training.rewards import register_reward
+
+_FENCE_RE = re.compile(r"```[ \t]*[\w+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def extract_program(completion: str) -> str:
+    """The code in a completion: its first fenced block if it has one, else the whole text."""
+    if "```" in completion:
+        m = _FENCE_RE.search(completion)
+        if m:
+            return m.group(1)
+    return completion
+
+
+def _as_obj(value: Any, default: Any) -> Any:
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else default
+    return value
+
+
+def assemble_program(completion: str, metadata: dict[str, Any] | None = None) -> str:
+    meta = metadata or {}
+    return str(meta.get("program_prefix", "")) + extract_program(completion) + str(meta.get("program_suffix", ""))
+
+
+@register_reward("code")
+def code_reward(prompts: Sequence[str], completions: Sequence[str], *, tests: Sequence[Any] | None = None,
+                metadata: Sequence[Any] | None = None, verifier: Sequence[str] | None = None,
+                id: Sequence[str] | None = None, concurrency: int | None = None, limits: Any = None,
+                **_: Any) -> list[float | None]:
+    """1.0 when the assembled program passes all of its tests in the sandbox. All runnable rows of the call
+    go to one `sandbox.run_batch`. None for rows of another verifier."""
+    n = len(completions)
+    out: list[float | None] = [None] * n
+    jobs, rows = [], []
+    for i in range(n):
+        if verifier is not None and verifier[i] != "code":
+            continue
+        out[i] = 0.0
+        if not completions[i].strip():
+            continue
+        try:
+            from sandbox import Job, TestCase
+
+            cases = [TestCase.from_dict(t, f"tests[{k}]")
+                     for k, t in enumerate(_as_obj(tests[i] if tests is not None else None, []))]
+            meta = _as_obj(metadata[i] if metadata is not None else None, {})
+        except (ValueError, TypeError):  # malformed tests cannot verify anything: no reward
+            continue
+        if not cases:
+            continue
+        job_id = f"{id[i] if id is not None else 'row'}#{i}"
+        jobs.append(Job(assemble_program(completions[i], meta), cases, limits, id=job_id))
+        rows.append(i)
+    if jobs:
+        from sandbox import Status, run_batch
+
+        kwargs = {"concurrency": concurrency} if concurrency is not None else {}
+        for i, verdict in zip(rows, run_batch(jobs, **kwargs)):
+            out[i] = 1.0 if verdict.status == Status.PASSED else 0.0
+    return out

@@ -1,0 +1,154 @@
+"""The `json_rules` verifier: the completion must contain a JSON value that (1) validates against the task's
+JSON schema (`metadata["schema"]`, any draft jsonschema knows), (2) equals the expected value (`answer`, JSON
+text) when the task has one, and (3) satisfies every extra rule in `metadata["rules"]`:
+
+    {"path": "contact.email", "regex": "^[^@]+@[^@]+$"}   the value (as text) must fully match
+    {"path": "age", "min": 0, "max": 150}                   a number within bounds
+    {"path": "name", "equals": "Bob"}                       exact value
+
+Equality is JSON equality: key order is irrelevant, 31 == 31.0, but true != 1 and "31" != 31.
+The JSON is taken from the whole completion, else its first fenced block, else the span from the first `{`
+(or `[`) to the last matching `}` (or `]`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Any, Sequence
+
+from training.rewards import register_reward
+
+_MISSING = object()
+_FENCE_RE = re.compile(r"```[ \t]*\w*[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def extract_json(text: str) -> Any:
+    """The JSON value a completion states, or `_MISSING` (a sentinel; JSON null is a legal value)."""
+    if not isinstance(text, str):
+        return _MISSING
+    candidates = [text.strip()]
+    m = _FENCE_RE.search(text)
+    if m:
+        candidates.append(m.group(1).strip())
+    for open_, close in (("{", "}"), ("[", "]")):
+        i, j = text.find(open_), text.rfind(close)
+        if 0 <= i < j:
+            candidates.append(text[i:j + 1])
+    for cand in candidates:
+        try:
+            return json.loads(cand)
+        except (ValueError, RecursionError):
+            continue
+    return _MISSING
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """JSON value equality: bools are not numbers, ints and floats compare by value, dict order ignored."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_text: str):
+    import jsonschema
+
+    schema = json.loads(schema_text)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def schema_validator(schema: dict[str, Any]):
+    """A cached jsonschema validator for `schema` (raises jsonschema.SchemaError for an invalid schema)."""
+    return _validator(json.dumps(schema, sort_keys=True))
+
+
+def _lookup(obj: Any, path: str) -> Any:
+    for part in path.split(".") if path else []:
+        if isinstance(obj, dict) and part in obj:
+            obj = obj[part]
+        elif isinstance(obj, list) and part.isdigit() and int(part) < len(obj):
+            obj = obj[int(part)]
+        else:
+            return _MISSING
+    return obj
+
+
+def rule_problems(obj: Any, rules: Sequence[dict[str, Any]]) -> list[str]:
+    """What `obj` violates among `rules` (empty when it satisfies all)."""
+    problems = []
+    for rule in rules:
+        if not isinstance(rule, dict):
+            problems.append(f"invalid rule {rule!r}")
+            continue
+        path = str(rule.get("path", ""))
+        value = _lookup(obj, path)
+        if value is _MISSING:
+            problems.append(f"{path}: missing")
+            continue
+        if "equals" in rule and not json_equal(value, rule["equals"]):
+            problems.append(f"{path}: {value!r} != {rule['equals']!r}")
+        if "regex" in rule:
+            try:
+                ok = isinstance(value, (str, int, float)) and not isinstance(value, bool) and \
+                    re.fullmatch(rule["regex"], str(value)) is not None
+            except (re.error, TypeError):
+                ok = False
+            if not ok:
+                problems.append(f"{path}: {value!r} does not match {rule['regex']!r}")
+        for bound, ok in (("min", lambda v, b: v >= b), ("max", lambda v, b: v <= b)):
+            if bound in rule and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                      and ok(value, rule[bound])):
+                problems.append(f"{path}: {value!r} violates {bound} {rule[bound]!r}")
+    return problems
+
+
+def verify(completion: str, answer: str | None, metadata: dict[str, Any] | None = None) -> bool:
+    meta = metadata or {}
+    obj = extract_json(completion)
+    if obj is _MISSING:
+        return False
+    if meta.get("schema") is not None:
+        try:
+            if not schema_validator(meta["schema"]).is_valid(obj):
+                return False
+        except Exception:  # noqa: BLE001 - an invalid schema verifies nothing
+            return False
+    if answer is not None:
+        try:
+            expected = json.loads(answer)
+        except ValueError:
+            return False
+        if not json_equal(obj, expected):
+            return False
+    return not rule_problems(obj, meta.get("rules") or [])
+
+
+@register_reward("json_rules")
+def json_rules_reward(prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[Any] | None = None,
+                      metadata: Sequence[Any] | None = None, verifier: Sequence[str] | None = None,
+                      **_: Any) -> list[float | None]:
+    """1.0 when the completion's JSON passes schema, expected value and rules; None for other verifiers."""
+    out: list[float | None] = []
+    for i, completion in enumerate(completions):
+        if verifier is not None and verifier[i] != "json_rules":
+            out.append(None)
+            continue
+        meta = metadata[i] if metadata is not None else {}
+        if isinstance(meta, str):
+            meta = json.loads(meta) if meta.strip() else {}
+        ans = answer[i] if answer is not None else None
+        if ans is None and not (meta or {}).get("schema") and not (meta or {}).get("rules"):
+            out.append(0.0)  # nothing to verify against: no reward
+            continue
+        out.append(1.0 if verify(completion, ans, meta) else 0.0)
+    return out

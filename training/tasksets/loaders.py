@@ -1,0 +1,205 @@
+"""Real task data: a SourceSpec -> raw records (through `datasets`) -> Task rows (through an adapter).
+
+    rows = load_source(SourceSpec("openai/gsm8k", adapter="gsm8k", name="main", split="train"))
+    result = validate_rows(rows, label)      # the stage does this: errors name the source line and field
+
+Where records come from:
+- a local `.jsonl` file: read line by line here (not through `datasets`), so a bad line (invalid JSON,
+  non-UTF-8 bytes) is reported with its line number instead of failing the whole load;
+- a local `.parquet` / `.json` / `.csv` file: `datasets.load_dataset(<format>, data_files=...)`;
+- anything else: a hub id, `datasets.load_dataset(path, name, split=split)` (needs network or a warm cache).
+
+Adapters map one record to a Task row (validated afterwards like any task file):
+- tasks:     the record is already a Task row.
+- gsm8k:     {question, answer: "...steps...\\n#### 42"} -> prompt=question, answer="42" (commas removed),
+             reference=the worked solution with `<<...>>` calculator notes removed; difficulty from the number
+             of steps (lines before ####), clipped to 1..5; verifier "math".
+- mbpp:      {text|prompt, code, test_list, test_setup_code?, task_id?} -> prompt = text plus the first test
+             (MBPP's convention: it shows the function name), tests = sandbox.parse_assert_tests(test_list),
+             metadata.program_prefix = test_setup_code; verifier "code".
+- humaneval: {task_id, prompt, canonical_solution, test, entry_point} -> prompt = the signature + docstring,
+             program_prefix = the same prompt (the completion continues the body), tests from `check(candidate)`.
+- mapped:    any record; `fields` maps Task fields to columns. Non-string answers become text (numbers as
+             written, objects/lists as JSON); `tests` given as assert source become TestCases.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from training.tasksets.config import SourceSpec
+from training.tasksets.validate import JSONL_SUFFIXES, RawRow, RowError, read_rows
+
+_CALC_RE = re.compile(r"<<[^>]*>>")
+
+
+def source_label(spec: SourceSpec) -> str:
+    return spec.path if _is_local(spec.path) else f"{spec.path}:{spec.split}"
+
+
+def _is_local(path: str) -> bool:
+    return Path(path).suffix.lower() in (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv") or \
+        Path(path).exists()
+
+
+def _records(spec: SourceSpec, cache_dir: str | None) -> Iterator[RawRow]:
+    label = source_label(spec)
+    path = Path(spec.path)
+    if _is_local(spec.path) and not path.exists():
+        yield RawRow(0, None, b"", [RowError(label, None, None, "file does not exist")])
+        return
+    if path.suffix.lower() in JSONL_SUFFIXES and path.suffix.lower() != ".json":
+        yield from read_rows(path, label)
+        return
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        if path.exists():
+            fmt = {".pq": "parquet", ".jsonl": "json", ".ndjson": "json"}.get(path.suffix.lower(),
+                                                                              path.suffix.lower().lstrip("."))
+            ds = datasets.load_dataset(fmt, data_files=str(path), split="train", cache_dir=cache_dir)
+        else:  # hub datasets use the shared HF cache (HF_HOME), so a re-run does not download again
+            ds = datasets.load_dataset(spec.path, spec.name, split=spec.split)
+    except Exception as err:  # noqa: BLE001 - a source that cannot be read is a file-level error
+        yield RawRow(0, None, b"", [RowError(label, None, None, f"cannot load ({type(err).__name__}: {err})")])
+        return
+    for i, rec in enumerate(ds, start=1):
+        yield RawRow(i, dict(rec), dict(rec))
+
+
+def _text(v: Any) -> Any:
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return json.dumps(v)
+    if isinstance(v, (int, float)):
+        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+    return json.dumps(v, ensure_ascii=False)
+
+
+def _tests_from_asserts(source: Any, entry_point: str | None = None) -> list[dict[str, Any]]:
+    from sandbox import parse_assert_tests
+
+    if isinstance(source, list):
+        source = "\n".join(str(s) for s in source)
+    return [t.to_dict() for t in parse_assert_tests(str(source), entry_point)]
+
+
+def _gsm8k(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
+    solution = rec.get("answer")
+    if not isinstance(solution, str) or "####" not in solution:
+        raise _FieldError("answer", "expected a GSM8K solution ending in '#### <number>'")
+    steps, _, final = solution.rpartition("####")
+    final = final.strip().replace(",", "")
+    n_steps = len([line for line in steps.strip().splitlines() if line.strip()])
+    return {"prompt": rec.get("question"), "answer": final, "reference": _CALC_RE.sub("", solution).strip(),
+            "domain": "math", "verifier": "math", "difficulty": min(max(n_steps - 1, 1), 5)}
+
+
+def _mbpp(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
+    text = rec.get("text", rec.get("prompt"))
+    tests_src = rec.get("test_list")
+    if not isinstance(tests_src, list) or not tests_src:
+        raise _FieldError("test_list", "expected a non-empty list of assert lines")
+    try:
+        tests = _tests_from_asserts(tests_src)
+    except ValueError as err:
+        raise _FieldError("test_list", str(err)) from None
+    setup = rec.get("test_setup_code") or ""
+    prompt = f"{text}\nYour code should pass: {tests_src[0]}" if isinstance(text, str) and text.strip() else text
+    code = rec.get("code") or ""
+    return {"prompt": prompt, "reference": code.replace("\r\n", "\n"), "tests": tests, "domain": "code",
+            "verifier": "code", "metadata": {"program_prefix": setup + "\n"} if setup.strip() else {},
+            "difficulty": min(max(len(code.strip().splitlines()) // 4 + 1, 1), 5),
+            "_key": rec.get("task_id")}
+
+
+def _humaneval(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
+    entry = rec.get("entry_point")
+    if not isinstance(entry, str) or not entry:
+        raise _FieldError("entry_point", "missing (required for humaneval)")
+    try:
+        tests = _tests_from_asserts(rec.get("test") or "", entry)
+    except ValueError as err:
+        raise _FieldError("test", str(err)) from None
+    prompt = rec.get("prompt")
+    solution = rec.get("canonical_solution") or ""
+    return {"prompt": prompt, "reference": solution, "tests": tests, "domain": "code", "verifier": "code",
+            "metadata": {"program_prefix": prompt if isinstance(prompt, str) else "", "entry_point": entry},
+            "difficulty": min(max(len(solution.strip().splitlines()) // 4 + 1, 1), 5),
+            "id": f"{spec.id_prefix}{rec['task_id']}" if rec.get("task_id") is not None else None}
+
+
+def _mapped(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    from training.tasksets.schema import COLUMNS
+
+    for name in COLUMNS:
+        column = spec.fields.get(name, name)
+        if column in rec:
+            out[name] = rec[column]
+        elif name in spec.fields:
+            raise _FieldError(column, f"missing (mapped to Task field {name!r})")
+    if "answer" in out:
+        out["answer"] = _text(out["answer"])
+    if isinstance(out.get("tests"), (str, list)) and out["tests"] and (
+            isinstance(out["tests"], str) and out["tests"].lstrip().startswith("assert")
+            or isinstance(out["tests"], list) and all(isinstance(t, str) for t in out["tests"])):
+        try:
+            out["tests"] = _tests_from_asserts(out["tests"])
+        except ValueError as err:
+            raise _FieldError(spec.fields.get("tests", "tests"), str(err)) from None
+    if "id" in out and not isinstance(out["id"], str) and out["id"] is not None:
+        out["id"] = _text(out["id"])
+    return out
+
+
+class _FieldError(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+ADAPTERS: dict[str, Callable[[dict[str, Any], SourceSpec], dict[str, Any]]] = {
+    "tasks": lambda rec, spec: dict(rec), "gsm8k": _gsm8k, "mbpp": _mbpp, "humaneval": _humaneval,
+    "mapped": _mapped,
+}
+_DEFAULT_DOMAIN = {"gsm8k": "math", "mbpp": "code", "humaneval": "code"}
+
+
+def load_source(spec: SourceSpec, cache_dir: str | None = None) -> Iterator[RawRow]:
+    """Task rows of one source, with the source's row numbers; adapter failures become RowErrors.
+
+    `cache_dir` is where `datasets` may put the Arrow copy of a local parquet/json/csv file (a temp dir in the
+    stage, so local files do not pile up in the shared HF cache)."""
+    label = source_label(spec)
+    prefix = spec.id_prefix or (Path(spec.path).stem if _is_local(spec.path) else spec.path.replace("/", "_")) + "-"
+    adapt = ADAPTERS[spec.adapter]
+    kept = 0
+    for rr in _records(spec, cache_dir):
+        if spec.limit and kept >= spec.limit:
+            return
+        if rr.data is None or rr.errors:
+            yield rr
+            kept += rr.row > 0
+            continue
+        kept += 1
+        try:
+            row = adapt(rr.data, spec)
+        except _FieldError as err:
+            yield RawRow(rr.row, None, rr.raw, [RowError(label, rr.row, err.field, str(err))])
+            continue
+        if spec.adapter != "tasks":
+            key = row.pop("_key", None)
+            if row.get("id") is None:
+                row["id"] = f"{prefix}{key if key is not None else rr.row}"
+            row.setdefault("source", f"{spec.adapter}:{label}")
+        for name, value in (("domain", spec.domain), ("verifier", spec.verifier), ("difficulty", spec.difficulty)):
+            if value and (spec.adapter in _DEFAULT_DOMAIN or row.get(name) is None):
+                row[name] = value
+        row.setdefault("domain", _DEFAULT_DOMAIN.get(spec.adapter))
+        yield RawRow(rr.row, row, rr.raw)

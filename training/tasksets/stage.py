@@ -1,0 +1,222 @@
+"""`posttrain build-taskset`: generate and/or load tasks, validate, deduplicate, split, mix, record.
+
+    posttrain build-taskset --run file:///tmp/runs/r1                         # tiny profile, a few seconds
+    posttrain build-taskset --config taskset.yaml --run s3://posttrain/runs/r1 --set holdout_fraction=0.2
+
+Output under <run>/taskset/ (committed by run_stage, manifest last):
+    train.parquet     tasks for SFT/RL, at the configured domain mix
+    holdout.parquet   held-out tasks for evaluation (per domain, stratified by difficulty)
+    report.json       counts per split/domain/difficulty, validation/quarantine, dedup and n-gram overlap reports
+    quarantine.jsonl  bad source rows, only with `quarantine: true` and only when there were some
+
+Pipeline (`build`): generate (tiny) -> load sources -> validate every row (bad rows fail the stage with
+file:row: field errors, exit 2, or go to quarantine) -> dedup by normalised prompt -> stratified split ->
+drop train tasks sharing an n-gram with the holdout -> mix train domains. MLflow gets the counts as metrics,
+report.json, a sample table (`samples.json`) and a bar chart of counts (`counts.png`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.tasksets.config import SourceSpec, TasksetConfig
+from training.tasksets.dedup import dedup, overlap_filter
+from training.tasksets.generators import generate
+from training.tasksets.loaders import load_source, source_label
+from training.tasksets.schema import Task
+from training.tasksets.split import mix_train, stratified_split
+from training.tasksets.validate import (RawRow, RowError, TasksetValidationError, Validator, validate_rows,
+                                        validate_tasks)
+
+__all__ = ["TasksetConfig", "SourceSpec", "Build", "build", "body", "cli", "STAGE"]
+log = logging.getLogger("posttrain")
+STAGE = "taskset"
+
+
+@dataclass
+class Build:
+    train: list[Task]
+    holdout: list[Task]
+    report: dict[str, Any]
+    quarantined: list[tuple[str, RawRow]] = field(default_factory=list)
+
+
+def counts(tasks: list[Task]) -> dict[str, Any]:
+    by_dd: dict[str, dict[str, int]] = {}
+    for (domain, level), n in sorted(Counter((t.domain, t.difficulty) for t in tasks).items()):
+        by_dd.setdefault(domain, {})[str(level)] = n
+    return {"total": len(tasks), "by_domain": dict(sorted(Counter(t.domain for t in tasks).items())),
+            "by_domain_difficulty": by_dd}
+
+
+def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
+    """The whole task-set pipeline in memory; raises TasksetValidationError on bad rows unless quarantining."""
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    validator = Validator()
+    tasks: list[Task] = []
+    inputs: dict[str, int] = {}
+    if config.profile == "tiny":
+        for domain, n in config.domain_counts().items():
+            generated = generate(domain, n, config.seed, tuple(config.difficulties))
+            inputs[f"generated:{domain}"] = len(generated)
+            tasks += generated
+        timings["generate"] = time.perf_counter() - t0
+        t = time.perf_counter()
+        checked = validate_tasks(tasks, "<generated>", validator)
+        if checked.errors:  # a generator bug, never quarantined
+            raise TasksetValidationError(checked.errors)
+        timings["validate"] = time.perf_counter() - t
+    t = time.perf_counter()
+    errors: list[RowError] = []
+    quarantined: list[tuple[str, RawRow]] = []
+    for spec in config.sources:
+        label = source_label(spec)
+        result = validate_rows(load_source(spec, cache_dir), label, validator)
+        inputs[label] = result.rows
+        tasks += result.tasks
+        errors += result.errors
+        quarantined += [(label, rr) for rr in result.bad]
+        if result.rows == 0 and not result.errors:
+            errors.append(RowError(label, None, None, "no task rows"))
+    if config.sources:
+        timings["load_sources"] = time.perf_counter() - t
+    file_level = [e for e in errors if e.row is None]
+    if errors and (not config.quarantine or file_level):
+        raise TasksetValidationError(file_level if config.quarantine else errors)
+    t = time.perf_counter()
+    unique, dedup_report = dedup(tasks)
+    timings["dedup"] = time.perf_counter() - t
+    t = time.perf_counter()
+    train, holdout = stratified_split(unique, config.holdout_fraction, config.seed)
+    train, overlap_report = overlap_filter(train, holdout, config.ngram)
+    train, mix_report = mix_train(train, config.mix, config.seed, config.mix_tolerance)
+    timings["split"] = time.perf_counter() - t
+    report = {
+        "profile": config.profile, "seed": config.seed, "inputs": inputs,
+        "counts": {"train": counts(train), "holdout": counts(holdout)},
+        "validation": {"errors": len(errors), "quarantined": len(quarantined),
+                       "examples": [str(e) for e in errors[:20]]},
+        "dedup": dedup_report, "overlap": overlap_report, "mixing": mix_report,
+        "timings_s": {k: round(v, 4) for k, v in timings.items()},
+    }
+    return Build(train, holdout, report, quarantined)
+
+
+def _samples(train: list[Task], holdout: list[Task], per_domain: int) -> list[dict[str, Any]]:
+    rows = []
+    for split, tasks in (("train", train), ("holdout", holdout)):
+        taken: Counter[str] = Counter()
+        for t in tasks:
+            if taken[t.domain] < (per_domain if split == "train" else max(per_domain // 4, 1)):
+                taken[t.domain] += 1
+                rows.append({"split": split, "id": t.id, "domain": t.domain, "difficulty": t.difficulty,
+                             "verifier": t.verifier, "prompt": t.prompt, "reference": t.reference,
+                             "answer": t.answer or "", "tests": len(t.tests)})
+    return rows
+
+
+def _figure(report: dict[str, Any]):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.add_subplot()
+    labels, train_n, hold_n = [], [], []
+    train_dd = report["counts"]["train"]["by_domain_difficulty"]
+    hold_dd = report["counts"]["holdout"]["by_domain_difficulty"]
+    for domain in sorted(set(train_dd) | set(hold_dd)):
+        for level in sorted(set(train_dd.get(domain, {})) | set(hold_dd.get(domain, {})), key=int):
+            labels.append(f"{domain}\nd{level}")
+            train_n.append(train_dd.get(domain, {}).get(level, 0))
+            hold_n.append(hold_dd.get(domain, {}).get(level, 0))
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], train_n, width=0.4, label="train")
+    ax.bar([x + 0.2 for x in xs], hold_n, width=0.4, label="holdout")
+    ax.set_xticks(list(xs), labels, fontsize=6)
+    ax.set_ylabel("tasks")
+    ax.set_title("task counts per domain and difficulty")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def _metrics(report: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for split in ("train", "holdout"):
+        c = report["counts"][split]
+        out[f"{split}.total"] = c["total"]
+        for domain, n in c["by_domain"].items():
+            out[f"{split}.{domain}"] = n
+        for domain, levels in c["by_domain_difficulty"].items():
+            for level, n in levels.items():
+                out[f"{split}.{domain}.d{level}"] = n
+    out["dedup.exact"] = report["dedup"]["exact_duplicates"]
+    out["dedup.near"] = report["dedup"]["near_duplicates"]
+    out["overlap.contaminated"] = report["overlap"]["contaminated"]
+    out["mixing.dropped"] = report["mixing"]["dropped"]
+    out["validation.quarantined"] = report["validation"]["quarantined"]
+    return out
+
+
+def body(ctx) -> dict[str, Any]:
+    """The stage body for `run_stage` (training/stage.py)."""
+    from training.tasksets.io import save_tasks
+    from training.tasksets.validate import write_quarantine
+
+    config: TasksetConfig = ctx.config
+    started = time.perf_counter()
+    result = build(config, cache_dir=str(ctx.workdir / "hf-cache"))
+    report = result.report
+    t = time.perf_counter()
+    for name, tasks in (("train", result.train), ("holdout", result.holdout)):
+        path = ctx.workdir / f"{name}.parquet"
+        save_tasks(tasks, path)
+        ctx.writer.put_file(path, f"{name}.parquet")
+    if result.quarantined:
+        path = ctx.workdir / "quarantine.jsonl"
+        write_quarantine([rr for _, rr in result.quarantined], path)
+        ctx.writer.put_file(path, "quarantine.jsonl")
+    report["timings_s"]["write"] = round(time.perf_counter() - t, 4)
+    report["timings_s"]["total"] = round(time.perf_counter() - started, 4)
+    ctx.writer.put_json(report, "report.json")
+    ctx.mlflow.log_metrics(_metrics(report))
+    ctx.mlflow.log_dict(report, "report.json")
+    ctx.mlflow.log_table(_samples(result.train, result.holdout, config.sample_rows), "samples.json")
+    try:
+        ctx.mlflow.log_figure(_figure(report), "counts.png")
+    except Exception as err:  # noqa: BLE001 - a chart is never worth failing the stage
+        log.warning("[taskset] counts chart not logged: %s", err)
+    ctx.progress("built", train=len(result.train), holdout=len(result.holdout),
+                 quarantined=len(result.quarantined))
+    return {"train": len(result.train), "holdout": len(result.holdout),
+            "train_by_domain": report["counts"]["train"]["by_domain"],
+            "holdout_by_domain": report["counts"]["holdout"]["by_domain"],
+            "quarantined": len(result.quarantined), "contaminated": report["overlap"]["contaminated"],
+            "duplicates": report["dedup"]["exact_duplicates"] + report["dedup"]["near_duplicates"]}
+
+
+def cli(argv: list[str], prog: str) -> int:
+    import sys
+
+    from training.cli import run_cli, stage_parser
+    from training.config import load_config
+    from training.stage import run_stage
+
+    parser = stage_parser(prog, "Build the verifiable task set: generate/load, validate, dedup, split.",
+                          TasksetConfig)
+    args = parser.parse_args(argv)
+
+    def go() -> int:
+        config = load_config(TasksetConfig, args.config, args.set)
+        try:
+            run_stage(STAGE, config, args.run, body)
+        except TasksetValidationError as err:
+            print(f"posttrain: error: {err}", file=sys.stderr)
+            return 2
+        return 0
+
+    return run_cli(go)
