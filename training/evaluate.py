@@ -110,8 +110,16 @@ def _repair_prompt(task: Task, completion: str, error: str) -> str:
     return f"{task.prompt}{completion}\n# error: {error}\n# fixed:\n"
 
 
+def fit_prompt(tokenizer: Any, text: str, max_tokens: int | None) -> str:
+    """Keep the end of `text` (where the question is) within `max_tokens` tokens."""
+    if not max_tokens:
+        return text
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text if len(ids) <= max_tokens else tokenizer.decode(ids[-max_tokens:])
+
+
 def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: list[bool],
-                cfg: EvalConfig) -> dict[int, int]:
+                cfg: EvalConfig, tokenizer: Any = None, max_context: int | None = None) -> dict[int, int]:
     """{task index: turn it first passed at} for code tasks that failed greedily and were repaired."""
     from sandbox import Job, TestCase, run_batch
     from training.rewards.code import assemble_program
@@ -125,8 +133,9 @@ def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: 
         verdicts = run_batch([Job(assemble_program(current[i], tasks[i].metadata),
                                   [TestCase.from_dict(c, f"tests[{k}]") for k, c in enumerate(tasks[i].tests)],
                                   id=tasks[i].id) for i in idx])
-        prompts = [_repair_prompt(tasks[i], current[i], v.detail or v.stderr or v.status.value)
-                   for i, v in zip(idx, verdicts)]
+        budget = max_context - cfg.max_new_tokens if max_context else None
+        prompts = [fit_prompt(tokenizer, _repair_prompt(tasks[i], current[i], v.detail or v.stderr or v.status.value),
+                              budget) for i, v in zip(idx, verdicts)]
         retry = [o[0].text for o in engine.generate(prompts, 1, cfg.max_new_tokens, temperature=0.0,
                                                      seed=cfg.seed + turn)]
         from training.rewards import score_tasks
@@ -141,18 +150,37 @@ def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: 
     return repaired
 
 
+def _n_tokens(tokenizer: Any, text: str) -> int:
+    return len(tokenizer(text)["input_ids"])
+
+
 def _distractor(tasks: list[Task], rng: random.Random, tokenizer: Any, budget: int) -> str:
+    """Other tasks (prompt + reference) as filler, as many as fit in `budget` tokens."""
     parts, used = [], 0
-    while used < budget:
+    for _ in range(4 * max(budget, 1)):
         other = tasks[rng.randrange(len(tasks))]
         text = f"{other.prompt}{other.reference}\n"
-        used += len(tokenizer(text)["input_ids"]) if tokenizer is not None else len(text) // 3
+        cost = _n_tokens(tokenizer, text)
+        if used + cost > budget:
+            if used:
+                break
+            continue
         parts.append(text)
+        used += cost
     return "".join(parts)
 
 
-def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConfig) -> dict[str, Any]:
-    """Every measurement above for one model; counts are kept so the gate can compute intervals."""
+def context_limit(model: Any) -> int | None:
+    cfg = getattr(model, "config", None)
+    return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+
+
+def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConfig,
+                   max_context: int | None = None) -> dict[str, Any]:
+    """Every measurement above for one model; counts are kept so the gate can compute intervals.
+
+    max_context: the model's position limit; distractor text is cut so prompt + completion fit in it.
+    """
     from training.rewards import score_tasks
 
     prompts = [t.prompt for t in tasks]
@@ -163,12 +191,17 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
     flat_tasks = [t for t in tasks for _ in range(cfg.n_samples)]
     flat = score_tasks(flat_tasks, [c.text for group in sampled for c in group])
     correct = [sum(1 for s in flat[i * cfg.n_samples:(i + 1) * cfg.n_samples] if s > 0) for i in range(len(tasks))]
-    repaired = self_repair(engine, tasks, greedy, passed, cfg) if cfg.repair_turns > 0 else {}
+    repaired = self_repair(engine, tasks, greedy, passed, cfg, tokenizer, max_context) if cfg.repair_turns > 0 else {}
 
     rng = random.Random(cfg.seed)
     domains = _by_domain(tasks)
     long_idx = [i for idx in domains.values() for i in idx[:cfg.long_context_tasks]]
-    long_prompts = [_distractor(tasks, rng, tokenizer, cfg.distractor_tokens) + tasks[i].prompt for i in long_idx]
+    long_prompts = []
+    for i in long_idx:
+        budget = cfg.distractor_tokens
+        if max_context:
+            budget = min(budget, max_context - cfg.max_new_tokens - _n_tokens(tokenizer, tasks[i].prompt))
+        long_prompts.append(_distractor(tasks, rng, tokenizer, budget) + tasks[i].prompt)
     long_out = [o[0].text for o in engine.generate(long_prompts, 1, cfg.max_new_tokens, temperature=0.0,
                                                     seed=cfg.seed)]
     long_pass = dict(zip(long_idx, (s > 0 for s in score_tasks([tasks[i] for i in long_idx], long_out))))
@@ -412,10 +445,14 @@ def body(ctx: StageContext) -> dict[str, Any]:
     for name in ("sft", "champion", "candidate"):
         if name not in specs:
             continue
+        same = next((m for m in models.values() if m["uri"] == specs[name]), None)
+        if same is not None:  # e.g. no RL round yet: the candidate is the SFT model itself
+            models[name] = same
+            continue
         model, tok = _load(specs[name], ctx.workdir / f"model-{name}")
         model.eval()
         engine = HFRolloutEngine(model, tok, batch_size=cfg.batch_size)
-        models[name] = {"uri": specs[name], **evaluate_model(engine, tok, tasks, cfg)}
+        models[name] = {"uri": specs[name], **evaluate_model(engine, tok, tasks, cfg, context_limit(model))}
         ctx.progress(f"evaluated {name}", **{f"{name}_pass1_{d}": pass1_rate(models[name], d)
                                               for d in models[name]["domains"]})
 
