@@ -23,17 +23,18 @@ DEFAULT_RUN_ROOT = os.environ.get("POSTTRAIN_RUN_ROOT", "s3://posttrain/runs")
 LAUNCHER = os.environ.get("POSTTRAIN_LAUNCHER", "local")
 TRAIN_IMAGE = os.environ.get("POSTTRAIN_TRAIN_IMAGE", "posttrain-train:latest")
 
-# The trigger form of `post_training` (Airflow renders these as a form in "Trigger DAG").
+# The trigger form of `post_training` (Airflow renders these as a form in "Trigger DAG"). Knobs left empty
+# (null) keep the stage's own default, so the form never silently overrides a tuned config.
 PARAMS: dict[str, Param] = {
     "base_model": Param("", type="string", title="Base model",
                         description="hub id, local path or s3:// URI; empty = the tiny profile's model from scratch"),
     "profile": Param("tiny", enum=["tiny", "data"], title="Profile"),
-    "mix": Param({"math": 0.5, "code": 0.25, "extraction": 0.25}, type="object", title="Domains and ratios",
-                 description="train-set domain mixing ratios (also the RL prompt mix)"),
+    "mix": Param(None, type=["null", "object"], title="Domains and ratios",
+                 description='train-set and RL prompt mix, e.g. {"math": 0.5, "code": 0.25, "extraction": 0.25}'),
     "rounds": Param(2, type="integer", minimum=0, maximum=MAX_ROUNDS, title="RL rounds"),
-    "k": Param(8, type="integer", minimum=2, maximum=64, title="Samples per prompt (k)"),
-    "learning_rate": Param(5e-4, type="number", exclusiveMinimum=0, title="RL learning rate"),
-    "kl_coef": Param(0.02, type="number", minimum=0, title="KL coefficient (beta)"),
+    "k": Param(None, type=["null", "integer"], minimum=2, maximum=64, title="Samples per prompt (k)"),
+    "learning_rate": Param(None, type=["null", "number"], exclusiveMinimum=0, title="RL learning rate"),
+    "kl_coef": Param(None, type=["null", "number"], minimum=0, title="KL coefficient (beta)"),
     "seed": Param(0, type="integer", title="Seed"),
     "run_root": Param(DEFAULT_RUN_ROOT, type="string", title="Run root URI",
                       description="outputs go to <run_root>/<run id>/<stage>/"),
@@ -46,25 +47,19 @@ def run_slug(run_id: str) -> str:
 
 
 def stage_config(stage: str, params: dict[str, Any]) -> str:
-    """The inline JSON config of one stage, from the trigger form's params."""
-    seed = int(params.get("seed", 0))
+    """The inline JSON config of one stage from the trigger form's params (unset knobs are left out)."""
+    seed = int(params.get("seed") or 0)
     if stage == "taskset":
-        cfg: dict[str, Any] = {"profile": params.get("profile", "tiny"), "seed": seed}
-        if params.get("mix"):
-            cfg["mix"] = params["mix"]
+        picked = {"profile": params.get("profile"), "mix": params.get("mix")}
     elif stage == "sft":
-        cfg = {"seed": seed}
-        if params.get("base_model"):
-            cfg["base_model"] = params["base_model"]
+        picked = {"base_model": params.get("base_model") or None}
     elif stage.startswith("rl_round"):
-        cfg = {"seed": seed, "samples_per_prompt": int(params.get("k", 8)),
-               "lr": float(params.get("learning_rate", 5e-4)), "beta": float(params.get("kl_coef", 0.02))}
-        if params.get("mix"):
-            cfg["domain_weights"] = params["mix"]
-    elif stage == "evaluate":
-        cfg = {"seed": seed}
+        picked = {"samples_per_prompt": params.get("k"), "lr": params.get("learning_rate"),
+                  "beta": params.get("kl_coef"), "domain_weights": params.get("mix")}
     else:
-        cfg = {}
+        picked = {}
+    cfg = {"seed": seed, **{k: v for k, v in picked.items() if v is not None}} if stage in (
+        "taskset", "sft", "evaluate") or stage.startswith("rl_round") else {}
     return json.dumps(cfg, sort_keys=True)
 
 

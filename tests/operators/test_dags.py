@@ -54,6 +54,10 @@ def test_stage_configs_from_params() -> None:
         "seed": 3, "samples_per_prompt": 4, "lr": 1e-3, "beta": 0.05, "domain_weights": {"math": 1.0}}
     assert json.loads(stage_config("taskset", params)) == {"profile": "tiny", "seed": 3, "mix": {"math": 1.0}}
     assert json.loads(stage_config("sft", {**params, "base_model": "s3://m/x"})) == {"seed": 3, "base_model": "s3://m/x"}
+    # Knobs left empty in the form keep the stage defaults.
+    assert json.loads(stage_config("rl_round_1", {"seed": 0, "k": None, "learning_rate": None})) == {"seed": 0}
+    assert json.loads(stage_config("sft", {"base_model": ""})) == {"seed": 0}
+    assert json.loads(stage_config("gate", params)) == {}
     assert run_slug("manual__2026-12-03T08:00:00+00:00") == "manual__2026-12-03T08-00-00-00-00"
 
 
