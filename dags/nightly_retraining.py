@@ -7,15 +7,15 @@ same rounds → evaluate → gate → promote as `post_training`, so a night tha
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, chain
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from operators.pipeline import (MAX_ROUNDS, MODEL_NAME, PARAMS, TASKSET_ASSET, TASKSETS_ROOT, GateBranchOperator,
-                                run_slug, spec, stage_config)
+from operators.pipeline import (DEFAULT_ARGS, MAX_ROUNDS, MODEL_NAME, PARAMS, TASKSET_ASSET, TASKSETS_ROOT,
+                                GateBranchOperator, run_slug, spec, stage_config)
 from operators.stage_operator import PosttrainStageOperator
 
 RUN_URI = "{{ params.run_root }}/{{ run_slug(run_id) }}"
@@ -30,7 +30,7 @@ with DAG(
     catchup=False,
     params=NIGHTLY_PARAMS,
     user_defined_macros={"run_slug": run_slug, "stage_config": stage_config},
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    default_args=DEFAULT_ARGS,
     max_active_runs=1,
     tags=["posttrain"],
 ) as dag:

@@ -6,12 +6,13 @@ Every task runs one `posttrain <stage>` under the same run URI; a retry resumes 
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from airflow.sdk import DAG, chain
 from airflow.providers.standard.operators.empty import EmptyOperator
 
-from operators.pipeline import MAX_ROUNDS, PARAMS, GateBranchOperator, run_slug, spec, stage_config
+from operators.pipeline import (DEFAULT_ARGS, MAX_ROUNDS, PARAMS, GateBranchOperator, run_slug, spec,
+                                stage_config)
 from operators.stage_operator import PosttrainStageOperator
 
 RUN_URI = "{{ params.run_root }}/{{ run_slug(run_id) }}"
@@ -24,7 +25,7 @@ with DAG(
     catchup=False,
     params=PARAMS,
     user_defined_macros={"run_slug": run_slug, "stage_config": stage_config},
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    default_args=DEFAULT_ARGS,
     max_active_runs=1,
     tags=["posttrain"],
 ) as dag:

@@ -5,11 +5,11 @@ The Asset event triggers `nightly_retraining` (which also runs on its own cron).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from airflow.sdk import DAG, Param
 
-from operators.pipeline import TASKSET_ASSET, TASKSETS_ROOT, run_slug, spec
+from operators.pipeline import DEFAULT_ARGS, TASKSET_ASSET, TASKSETS_ROOT, run_slug, spec
 from operators.stage_operator import PosttrainStageOperator
 BUILD_URI = TASKSETS_ROOT + "/{{ run_slug(run_id) }}"
 
@@ -21,7 +21,7 @@ with DAG(
     catchup=False,
     params={"profile": Param("tiny", enum=["tiny", "data"]), "seed": Param(0, type="integer")},
     user_defined_macros={"run_slug": run_slug},
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    default_args=DEFAULT_ARGS,
     tags=["posttrain"],
 ) as dag:
     build = PosttrainStageOperator(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import Asset, BaseBranchOperator, Param
@@ -17,6 +18,9 @@ from operators.spec import StageSpec
 MAX_ROUNDS = int(os.environ.get("POSTTRAIN_MAX_ROUNDS", "4"))
 TASKSETS_ROOT = os.environ.get("POSTTRAIN_TASKSETS_ROOT", "s3://posttrain/tasksets")
 MODEL_NAME = os.environ.get("POSTTRAIN_MODEL_NAME", "posttrain-tiny")
+# Every stage resumes from its own checkpoints, so retrying is always safe.
+DEFAULT_ARGS = {"retries": int(os.environ.get("POSTTRAIN_RETRIES", "2")),
+                "retry_delay": timedelta(seconds=int(os.environ.get("POSTTRAIN_RETRY_DELAY_S", "30")))}
 # Updated by taskset_refresh when it moves the pointer; nightly_retraining is scheduled on it.
 TASKSET_ASSET = Asset(f"{TASKSETS_ROOT}/latest.json", extra={"kind": "posttrain task set"})
 DEFAULT_RUN_ROOT = os.environ.get("POSTTRAIN_RUN_ROOT", "s3://posttrain/runs")
