@@ -1,0 +1,123 @@
+"""A small HTTP front for remote reward workers (stdlib http.server, JSON in and out).
+
+    GET  /health  -> {"ok": true, "isolation": "...", "features": {...}}
+    POST /run     -> body: one job {"program", "tests": [{"call", "expected"}], "limits"?, "id"?} -> one verdict,
+                     or a list of jobs -> a list of verdicts (same order).
+
+Bind to localhost unless the network around it is trusted: anyone who can reach the port can run code
+(confined, but still code) on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from sandbox.pool import Pool, SandboxUnavailable
+from sandbox.spec import Job
+
+MAX_BODY = 32 * 1024 * 1024
+MAX_JOBS_PER_REQUEST = 4096
+
+
+class SandboxServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], pool: Pool, concurrency: int) -> None:
+        super().__init__(address, _Handler)
+        self.pool = pool
+        self.concurrency = concurrency
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: SandboxServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass  # one line per request on stderr would drown a reward worker's logs
+
+    def _reply(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self.path.rstrip("/") == "/health":
+            pool = self.server.pool
+            self._reply(200, {"ok": pool.alive(), "isolation": pool.isolation.value if pool.isolation else None,
+                              "features": pool.features})
+        else:
+            self._reply(404, {"error": f"no such endpoint {self.path}; use GET /health or POST /run"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        if self.path.rstrip("/") != "/run":
+            self._reply(404, {"error": f"no such endpoint {self.path}; use POST /run"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            self._reply(411, {"error": "Content-Length required"})
+            return
+        if length > MAX_BODY:
+            self._reply(413, {"error": f"body larger than {MAX_BODY} bytes"})
+            return
+        try:
+            data = json.loads(self.rfile.read(length))
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._reply(400, {"error": f"body is not JSON: {exc}"})
+            return
+        single = isinstance(data, dict)
+        items = [data] if single else data
+        if not isinstance(items, list) or not items or len(items) > MAX_JOBS_PER_REQUEST:
+            self._reply(400, {"error": f"body must be a job object or a list of 1..{MAX_JOBS_PER_REQUEST} jobs"})
+            return
+        try:
+            jobs = [Job.from_dict(item, f"job[{i}]" if not single else "job") for i, item in enumerate(items)]
+        except ValueError as exc:
+            self._reply(400, {"error": str(exc)})
+            return
+        try:
+            verdicts = self.server.pool.run_batch(jobs, self.server.concurrency)
+        except SandboxUnavailable as exc:
+            self._reply(503, {"error": str(exc)})
+            return
+        out = [v.to_dict() for v in verdicts]
+        self._reply(200, out[0] if single else out)
+
+
+def make_server(host: str, port: int, pool: Pool, concurrency: int | None = None) -> SandboxServer:
+    """A ready-to-serve server (port 0 picks a free port: `server.server_address`)."""
+    pool.start()
+    return SandboxServer((host, port), pool, concurrency or pool.max_slots)
+
+
+def serve(host: str = "127.0.0.1", port: int = 8090, concurrency: int | None = None, *,
+          allow_unisolated: bool | None = None) -> int:
+    import os
+
+    concurrency = concurrency or os.cpu_count() or 1
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # a service manager's SIGTERM: leave serve_forever, close the pool
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+    with Pool(max_slots=concurrency, allow_unisolated=allow_unisolated) as pool:
+        server = make_server(host, port, pool, concurrency)
+        print(f"sandbox serving on http://{server.server_address[0]}:{server.server_address[1]} "
+              f"(isolation: {pool.isolation.value if pool.isolation else '?'}, concurrency {concurrency})",
+              file=sys.stderr, flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+    return 0
