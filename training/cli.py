@@ -13,6 +13,18 @@ from typing import Any, Callable
 
 # name -> ("module:function" taking (argv, prog) and returning an exit code, one-line help).
 COMMANDS: dict[str, tuple[str, str]] = {
+    # pipeline stages, in pipeline order
+    "build-taskset": ("training.tasksets.stage:cli", "build the verifiable task set (generate/load, validate, dedup, split)"),
+    "sft": ("training.train_sft:cli", "supervised fine-tuning on the task set (response-only loss, packing, resume)"),
+    "rl-round": ("training.train_grpo:cli", "one GRPO round (--round N): rollouts, verifier rewards, policy update"),
+    "evaluate": ("training.evaluate:cli", "evaluate candidate, SFT baseline and champion on the holdout"),
+    "gate": ("training.gate:gate_cli", "decide promote/block from the evaluation (per-domain intervals)"),
+    "promote": ("training.gate:promote_cli", "register the gated candidate, move the `champion` alias"),
+    # tools
+    "taskset": ("training.tasksets.check:cli", "task-set tools: `taskset check FILE [--quarantine OUT]` validates task files"),
+    "sandbox": ("sandbox.cli:main", "run untrusted code against tests in the sandbox (`run`, `serve`, `info`)"),
+    "adopt": ("training.cli_storage:adopt_cli", "copy a complete folder (champion, newest task set) into a run"),
+    "latest": ("training.cli_storage:latest_cli", "show or move a latest.json pointer"),
     "inspect": ("training.cli_storage:inspect_cli", "show the manifest of a stage output or checkpoint URI"),
     "verify": ("training.cli_storage:verify_cli", "verify every file of a manifested folder against its sha256"),
 }
