@@ -45,10 +45,12 @@ with DAG(
     evaluate = PosttrainStageOperator(
         task_id="evaluate", spec=spec("evaluate", gpus=1), run_uri=RUN_URI,
         config="{{ stage_config('evaluate', params) }}", pool="sandbox", trigger_rule="none_failed")
-    gate = PosttrainStageOperator(task_id="gate", spec=spec("gate"), run_uri=RUN_URI)
+    gate = PosttrainStageOperator(task_id="gate", spec=spec("gate"), run_uri=RUN_URI,
+                                  config="{{ stage_config('gate', params) }}")
     branch = GateBranchOperator(task_id="gate_verdict", gate_task_id="gate", promote_task_id="promote",
                                 blocked_task_id="blocked")
-    promote = PosttrainStageOperator(task_id="promote", spec=spec("promote"), run_uri=RUN_URI)
+    promote = PosttrainStageOperator(task_id="promote", spec=spec("promote"), run_uri=RUN_URI,
+                                     config="{{ stage_config('promote', params) }}")
     blocked = EmptyOperator(task_id="blocked")
 
     chain(taskset, sft, *rounds, evaluate, gate, branch, [promote, blocked])

@@ -42,6 +42,9 @@ PARAMS: dict[str, Param] = {
     "seed": Param(0, type="integer", title="Seed"),
     "run_root": Param(DEFAULT_RUN_ROOT, type="string", title="Run root URI",
                       description="outputs go to <run_root>/<run id>/<stage>/"),
+    "stage_overrides": Param({}, type="object", title="Advanced: per-stage config",
+                             description='merged into each stage\'s config last, e.g. {"sft": {"max_steps": 400}, '
+                                         '"rl_round": {"steps": 80}} ("rl_round" applies to every round)'),
 }
 
 
@@ -64,6 +67,10 @@ def stage_config(stage: str, params: dict[str, Any]) -> str:
         picked = {}
     cfg = {"seed": seed, **{k: v for k, v in picked.items() if v is not None}} if stage in (
         "taskset", "sft", "evaluate") or stage.startswith("rl_round") else {}
+    overrides = params.get("stage_overrides") or {}
+    if stage.startswith("rl_round"):
+        cfg.update(overrides.get("rl_round") or {})
+    cfg.update(overrides.get(stage) or {})
     return json.dumps(cfg, sort_keys=True)
 
 

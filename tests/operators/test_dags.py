@@ -58,6 +58,10 @@ def test_stage_configs_from_params() -> None:
     assert json.loads(stage_config("rl_round_1", {"seed": 0, "k": None, "learning_rate": None})) == {"seed": 0}
     assert json.loads(stage_config("sft", {"base_model": ""})) == {"seed": 0}
     assert json.loads(stage_config("gate", params)) == {}
+    overrides = {"rl_round": {"steps": 5}, "rl_round_2": {"steps": 7}, "gate": {"tolerance": 0.05}}
+    assert json.loads(stage_config("rl_round_1", {"stage_overrides": overrides}))["steps"] == 5
+    assert json.loads(stage_config("rl_round_2", {"stage_overrides": overrides}))["steps"] == 7
+    assert json.loads(stage_config("gate", {"stage_overrides": overrides})) == {"tolerance": 0.05}
     assert run_slug("manual__2026-12-03T08:00:00+00:00") == "manual__2026-12-03T08-00-00-00-00"
 
 
