@@ -1,0 +1,124 @@
+"""SFT: response-only loss mask, packing without cross-contamination, the stage, checkpoint and resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training import checkpointing, models, stage, storage
+from training.train_sft import (LoraSettings, SFTConfig, collate, lr_at, pack, response_loss, tokenize_example, train)
+
+
+def test_tokenize_masks_prompt_and_trains_response_and_eos(tiny_model) -> None:
+    _, tok = tiny_model
+    ex = tokenize_example(tok, "Q: 12+3=? A:", "15", max_len=64)
+    n_prompt = len(tok("Q: 12+3=? A:", add_special_tokens=False)["input_ids"])
+    assert ex.input_ids[-3:] == [tok.convert_tokens_to_ids("1"), tok.convert_tokens_to_ids("5"), tok.eos_token_id]
+    assert ex.loss_mask == [0] * n_prompt + [1, 1, 1]
+    short = tokenize_example(tok, "Q: 12+3=? A:", "15", max_len=4)
+    assert len(short.input_ids) == 4 and short.loss_mask == [0] * 4
+
+
+def test_pack_first_fit_keeps_order(tiny_model) -> None:
+    _, tok = tiny_model
+    exs = [tokenize_example(tok, f"Q: {i}+1=? A:", str(i + 1), 64) for i in range(10, 20)]  # 12 tokens each
+    rows = pack(exs, max_len=30, pad_id=0)
+    assert [len(r) for r in rows] == [2, 2, 2, 2, 2]
+    assert [e for r in rows for e in r] == exs
+    assert [len(r) for r in pack(exs, 30, 0, packing=False)] == [1] * 10
+
+
+def test_packed_rows_equal_separate_examples(tiny_model) -> None:
+    """Block-diagonal mask + restarted positions: each packed example sees only itself."""
+    model, tok = tiny_model
+    a = tokenize_example(tok, "Q: 12+3=? A:", "15", 64)
+    b = tokenize_example(tok, "Extract age as JSON: Bob is 31.", '{"age": 31}', 64)
+    packed = collate([[a, b]], max_len=64, pad_id=tok.pad_token_id)
+    alone = collate([[a], [b]], max_len=64, pad_id=tok.pad_token_id)
+    with torch.no_grad():
+        lp = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                   attention_mask=packed.attention_mask).logits  # (1, T, V)
+        la = model(input_ids=alone.input_ids, position_ids=alone.position_ids,
+                   attention_mask=alone.attention_mask).logits  # (2, T', V)
+    na, nb = len(a.input_ids), len(b.input_ids)
+    torch.testing.assert_close(lp[0, :na], la[0, :na], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lp[0, na:na + nb], la[1, :nb], atol=1e-5, rtol=1e-5)
+    # and the loss is the mean over response tokens of both examples, packed or not
+    loss_p, n_p = response_loss(model, packed)
+    loss_a, n_a = response_loss(model, alone)
+    assert n_p == n_a == sum(a.loss_mask) + sum(b.loss_mask)
+    torch.testing.assert_close(loss_p, loss_a, atol=1e-5, rtol=1e-5)
+
+
+def test_loss_ignores_prompt_tokens(tiny_model) -> None:
+    model, tok = tiny_model
+    a = tokenize_example(tok, "Q: 12+3=? A:", "15", 64)
+    b = tokenize_example(tok, "Q: 99+9=? A:", "15", 64)  # other prompt, same response
+    batch = collate([[a]], 64, tok.pad_token_id)
+    logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                   attention_mask=batch.attention_mask).logits[0]  # (T, V)
+    logp = torch.log_softmax(logits, -1)
+    n = len(a.input_ids)
+    manual = -sum(logp[t - 1, a.input_ids[t]] for t in range(n) if a.loss_mask[t]) / sum(a.loss_mask)
+    torch.testing.assert_close(response_loss(model, batch)[0], manual, atol=1e-5, rtol=1e-5)
+    assert response_loss(model, collate([[b]], 64, tok.pad_token_id))[1] == 3
+
+
+def test_lr_schedule() -> None:
+    cfg = SFTConfig(lr=1.0, warmup_steps=4, max_steps=14, min_lr_ratio=0.1)
+    assert [lr_at(s, cfg) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(9, cfg) == pytest.approx(0.1 + 0.9 * 0.5)  # half way through the cosine: (1 + cos(pi/2)) / 2
+    assert lr_at(14, cfg) == pytest.approx(0.1)
+
+
+SMALL = dict(max_steps=6, batch_size=4, max_seq_len=64, vocab_size=300, checkpoint_every=3, log_every=2,
+             tiny=models.TinyModelConfig(n_layer=1, n_embd=32, n_head=2), warmup_steps=2)
+
+
+def _final_state(run_uri: str) -> dict[str, torch.Tensor]:
+    model, _ = models.load_model(storage.join(run_uri, "sft"), "model")
+    return model.state_dict()
+
+
+def test_sft_stage_writes_model_and_checkpoints(taskset_run) -> None:
+    result = stage.run_stage("sft", SFTConfig(**SMALL), taskset_run, train)
+    sft_uri = storage.join(taskset_run, "sft")
+    manifest = storage.read_manifest(sft_uri)
+    assert "model/model.safetensors" in manifest.files and "model/tokenizer.json" in manifest.files
+    assert [s for s, _ in storage.list_complete_checkpoints(sft_uri)] == [3]
+    assert result.summary["steps"] == 6 and result.summary["final_loss"] < 10
+
+
+def test_sft_resume_after_crash_matches_uninterrupted(taskset_run, file_run_uri, monkeypatch, tmp_path) -> None:
+    from tests.training.conftest import commit_taskset, make_tasks, split_tasks
+
+    # Reference: the whole run without interruption, in a second run folder.
+    other = f"file://{tmp_path}/other-run"
+    commit_taskset(other, *split_tasks(make_tasks()))
+    stage.run_stage("sft", SFTConfig(**SMALL), other, train)
+
+    # Crash right after the step-3 checkpoint lands; the retry resumes from it.
+    real_save = checkpointing.save
+
+    def save_then_die(*args, **kwargs):
+        real_save(*args, **kwargs)
+        raise KeyboardInterrupt("simulated kill")
+
+    monkeypatch.setattr(checkpointing, "save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        stage.run_stage("sft", SFTConfig(**SMALL), taskset_run, train)
+    assert storage.read_manifest(storage.join(taskset_run, "sft")) is None
+    monkeypatch.setattr(checkpointing, "save", real_save)
+    resumed = stage.run_stage("sft", SFTConfig(**SMALL), taskset_run, train)
+    assert resumed.summary["resumed_from"] == 3
+
+    a, b = _final_state(other), _final_state(taskset_run)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=0, rtol=0, msg=name)
+
+
+def test_sft_lora_trains_adapters_and_saves_merged(taskset_run) -> None:
+    cfg = SFTConfig(**{**SMALL, "checkpoint_every": 0}, lora=LoraSettings(enabled=True, r=4, alpha=8))
+    stage.run_stage("sft", cfg, taskset_run, train)
+    model, _ = models.load_model(storage.join(taskset_run, "sft"), "model")
+    assert not any("lora" in n for n in model.state_dict())  # merged into plain GPT-2 weights

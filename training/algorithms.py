@@ -1,0 +1,224 @@
+"""The maths of policy-gradient post-training, as pure tensor functions (no models, no I/O).
+
+Advantage estimators and policy losses are registered by name (`@register_advantage("grpo")`,
+`@register_policy_loss("clip")`) and looked up with `get_advantage(name)` / `get_policy_loss(name)`; registering
+a different function under a taken name raises. Shapes: B prompts, G samples per prompt (a "group"), T tokens
+per completion (right-padded; `mask` is 1 on real completion tokens).
+
+References
+- GRPO: Shao et al. 2024, "DeepSeekMath" (group-relative advantages, KL to a reference with the k3 estimator).
+- Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training" (drop the std normalisation).
+- DAPO: Yu et al. 2025 (token-level loss aggregation; dynamic sampling drops groups whose rewards are all equal).
+- PPO: Schulman et al. 2017 (clipped surrogate objective).
+- KL estimators k1/k2/k3: J. Schulman, "Approximating KL Divergence" (2020 blog note).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+AdvantageFn = Callable[..., torch.Tensor]
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+ADVANTAGES: dict[str, AdvantageFn] = {}
+POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
+
+
+def _register(table: dict[str, Callable], kind: str, name: str) -> Callable[[Callable], Callable]:
+    def deco(fn: Callable) -> Callable:
+        existing = table.get(name)
+        if existing is not None and existing is not fn and (
+                existing.__module__, existing.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ValueError(f"{kind} {name!r} is already registered to "
+                             f"{existing.__module__}.{existing.__qualname__}")
+        table[name] = fn
+        return fn
+
+    return deco
+
+
+def register_advantage(name: str) -> Callable[[Callable], Callable]:
+    return _register(ADVANTAGES, "advantage estimator", name)
+
+
+def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
+    return _register(POLICY_LOSSES, "policy loss", name)
+
+
+def register_kl(name: str) -> Callable[[Callable], Callable]:
+    return _register(KL_ESTIMATORS, "KL estimator", name)
+
+
+def _lookup(table: dict[str, Callable], kind: str, name: str) -> Callable:
+    if name not in table:
+        raise ValueError(f"unknown {kind} {name!r}; registered: {', '.join(sorted(table))}")
+    return table[name]
+
+
+def get_advantage(name: str) -> AdvantageFn:
+    return _lookup(ADVANTAGES, "advantage estimator", name)
+
+
+def get_policy_loss(name: str) -> PolicyLossFn:
+    return _lookup(POLICY_LOSSES, "policy loss", name)
+
+
+def get_kl(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    return _lookup(KL_ESTIMATORS, "KL estimator", name)
+
+
+# ----- masked reductions --------------------------------------------------------------------------------------
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of x where mask is 1. x, mask: same shape."""
+    return (x * mask).sum() if dim is None else (x * mask).sum(dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of x over positions where mask is 1 (0 when the mask is empty). x, mask: same shape."""
+    denom = mask.sum() if dim is None else mask.sum(dim)
+    return masked_sum(x, mask, dim) / denom.clamp(min=1)
+
+
+# ----- advantages ---------------------------------------------------------------------------------------------
+@register_advantage("grpo")
+def group_advantages(rewards: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """Group-relative advantages: A[b, g] = (r[b, g] - mean_g r[b]) / (std_g r[b] + eps).
+
+    rewards: (B, G). Returns (B, G). `std` is the unbiased sample std (torch default, as in DeepSeekMath and
+    TRL). With normalize_std=False (Dr. GRPO) only the group mean is subtracted.
+    """
+    mean = rewards.mean(dim=1, keepdim=True)  # (B, 1)
+    adv = rewards - mean  # (B, G)
+    if normalize_std:
+        std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)  # (B, 1)
+        adv = adv / (std + eps)  # (B, G)
+    return adv
+
+
+@register_advantage("dr_grpo")
+def mean_centered_advantages(rewards: torch.Tensor, normalize_std: bool = False, eps: float = 1e-6) -> torch.Tensor:
+    """Dr. GRPO: group-mean-centred rewards without std normalisation. rewards: (B, G) -> (B, G)."""
+    return group_advantages(rewards, normalize_std=False, eps=eps)
+
+
+def zero_variance_groups(rewards: torch.Tensor, tol: float = 0.0) -> torch.Tensor:
+    """Boolean (B,): True where every reward in the group is equal (max - min <= tol): no learning signal."""
+    return (rewards.max(dim=1).values - rewards.min(dim=1).values) <= tol  # (B,)
+
+
+def drop_zero_variance_groups(rewards: torch.Tensor, tol: float = 0.0) -> torch.Tensor:
+    """Indices (K,) of the groups worth keeping: those whose rewards are not all equal (DAPO dynamic sampling).
+
+    rewards: (B, G). Returns a LongTensor of kept group indices, in order.
+    """
+    return torch.nonzero(~zero_variance_groups(rewards, tol), as_tuple=False).flatten()  # (K,)
+
+
+# ----- KL estimators (log-ratio r = log q(x) - log p(x), x ~ p = the current policy) -------------------------
+@register_kl("k1")
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k1 = log p - log q: unbiased, high variance, can be negative. logp, ref_logp: (N, T) -> (N, T)."""
+    return logp - ref_logp  # (N, T)
+
+
+@register_kl("k2")
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k2 = (log p - log q)^2 / 2: biased, low variance, >= 0. (N, T) -> (N, T)."""
+    return 0.5 * (logp - ref_logp) ** 2  # (N, T)
+
+
+@register_kl("k3")
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k3 = exp(r) - 1 - r with r = log q - log p: unbiased, low variance, >= 0 (GRPO's choice). (N, T) -> (N, T)."""
+    log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)  # (N, T)
+    return torch.exp(log_ratio) - 1.0 - log_ratio  # (N, T)
+
+
+# ----- loss aggregation ---------------------------------------------------------------------------------------
+def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
+    """Reduce per-token losses to a scalar.
+
+    loss, mask: (N, T).
+    - "token-mean": sum over every real token of the batch / number of real tokens (DAPO's token-level loss:
+      long completions are not down-weighted relative to short ones).
+    - "seq-mean-token-mean": mean over tokens within each sequence, then mean over sequences (original GRPO).
+    - "seq-mean-token-sum": sum over tokens within a sequence, mean over sequences.
+    """
+    if mode == "token-mean":
+        return masked_mean(loss, mask)
+    if mode == "seq-mean-token-mean":
+        per_seq = masked_mean(loss, mask, dim=1)  # (N,)
+        return per_seq.mean()
+    if mode == "seq-mean-token-sum":
+        return masked_sum(loss, mask, dim=1).mean()
+    raise ValueError(f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+
+
+# ----- policy losses ------------------------------------------------------------------------------------------
+@register_policy_loss("clip")
+def clipped_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    agg: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate: loss_t = -min(ratio_t * A, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A).
+
+    logp, old_logp, mask: (N, T); advantages: (N,) one per sequence (broadcast over tokens) or (N, T).
+    ratio_t = exp(logp_t - old_logp_t). Returns (scalar loss, stats) where stats hold the clip fraction and the
+    approximate KL to the sampling policy (k3 of old vs new), both aggregated over real tokens.
+    `clip_high > clip_low` is DAPO's "clip-higher".
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)  # (N, 1)
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # (N, T)
+    ratio = torch.exp(log_ratio)  # (N, T)
+    unclipped = ratio * advantages  # (N, T)
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages  # (N, T)
+    per_token = -torch.minimum(unclipped, clipped)  # (N, T)
+    loss = aggregate_loss(per_token, mask, agg)
+    with torch.no_grad():
+        clip_frac = masked_mean((clipped < unclipped).float(), mask)
+        approx_kl = masked_mean(kl_k3(logp.detach(), old_logp), mask)
+    return loss, {"clip_frac": clip_frac, "approx_kl_old": approx_kl}
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float = 0.0,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    agg: str = "token-mean",
+    kl_estimator: str = "k3",
+    policy_loss: str = "clip",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped policy loss + beta * KL(policy || reference), both aggregated the same way.
+
+    logp, old_logp, ref_logp, mask: (N, T); advantages: (N,). ref_logp may be None when beta == 0.
+    """
+    pg, stats = get_policy_loss(policy_loss)(logp, old_logp, advantages, mask, clip_low=clip_low,
+                                             clip_high=clip_high, agg=agg)
+    loss = pg
+    if beta and ref_logp is not None:
+        kl = get_kl(kl_estimator)(logp, ref_logp)  # (N, T)
+        kl_term = aggregate_loss(kl, mask, agg)
+        loss = pg + beta * kl_term
+        stats["kl_ref"] = kl_term.detach()
+    stats["pg_loss"] = pg.detach()
+    return loss, stats
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature) gathered at targets. logits: (N, T, V), targets: (N, T) -> (N, T)."""
+    logits = logits.float() / temperature  # (N, T, V)
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, T)

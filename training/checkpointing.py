@@ -1,0 +1,78 @@
+"""Training checkpoints as manifested folders: `<stage>/checkpoints/step-NNNNNNNN/`.
+
+One checkpoint holds everything a retry needs to continue as if it had never stopped:
+
+    tokenizer/         the tokenizer (the tiny profile trains its own; a hub model's is copied)
+    model_config.json  the model's config (to rebuild the skeleton without the base weights)
+    train_state.pt     {"step", "model" (state dict), "optimizer", "rng" (python/numpy/torch), "extra"}
+
+The manifest goes last (storage.ManifestWriter), so a checkpoint interrupted mid-upload is invisible and
+`latest()` returns the previous complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from training import storage
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def save(stage_uri: str, step: int, model: Any, optimizer: Any, tokenizer: Any,
+         extra: dict[str, Any] | None = None) -> storage.Manifest:
+    """Write checkpoint `step` under `stage_uri` (manifest last). `extra` must be torch.save-able."""
+    writer = storage.ManifestWriter(storage.checkpoint_uri(stage_uri, step))
+    with tempfile.TemporaryDirectory(prefix="posttrain-ckpt-") as tmp:
+        tmp_path = Path(tmp)
+        tokenizer.save_pretrained(str(tmp_path / "tokenizer"))
+        writer.put_dir(tmp_path / "tokenizer", "tokenizer")
+        config = getattr(model, "config", None)
+        writer.put_json(config.to_dict() if config is not None else {}, "model_config.json")
+        torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "rng": rng_state(), "extra": extra or {}}, tmp_path / "train_state.pt")
+        writer.put_file(tmp_path / "train_state.pt", "train_state.pt")
+    return writer.commit(extra={"step": step})
+
+
+def latest(stage_uri: str) -> tuple[int, storage.Manifest] | None:
+    return storage.last_complete_checkpoint(stage_uri)
+
+
+def load(manifest: storage.Manifest, workdir: Path) -> tuple[dict[str, Any], Path]:
+    """(train_state dict, local tokenizer folder) of a complete checkpoint, checksums verified."""
+    dest = Path(tempfile.mkdtemp(prefix="ckpt-", dir=workdir))
+    storage.fetch_dir(manifest, "tokenizer", dest / "tokenizer")
+    storage.fetch(manifest, "train_state.pt", dest / "train_state.pt")
+    state = torch.load(dest / "train_state.pt", map_location="cpu", weights_only=False)
+    return state, dest / "tokenizer"
+
+
+def model_config(manifest: storage.Manifest) -> dict[str, Any]:
+    return json.loads(storage.read_bytes(manifest, "model_config.json"))

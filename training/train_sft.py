@@ -1,0 +1,324 @@
+"""Stage `sft`: supervised fine-tuning on the task set's reference completions.
+
+    posttrain sft --run file:///tmp/runs/r1 --config '{"max_steps": 400}' --set lora.enabled=true
+
+Reads `<run>/taskset/train.parquet`; writes `<run>/sft/model/` (model + tokenizer, loadable with
+`training.models.load_model("<run>/sft", "model")`) and numbered checkpoints under `<run>/sft/checkpoints/`.
+Read top to bottom: config, data (tokenise, mask, pack), model, schedule, the training loop with
+checkpoint/resume, and the stage entry point.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training import checkpointing, models, storage
+from training.config import ConfigBase, load_config
+from training.stage import StageContext, run_stage
+from training.tasksets.schema import Task
+
+STAGE = "sft"
+
+
+# ----- config -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA (Hu et al. 2021) through peft. enabled: train adapters only; r: rank; alpha: scale numerator
+    (effective scale alpha/r); dropout: on the adapter input; target_modules: module names to adapt
+    (GPT-2: c_attn, c_proj, c_fc)."""
+
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])
+
+
+@dataclass(frozen=True)
+class SFTConfig(ConfigBase):
+    """Supervised fine-tuning (stage `sft`).
+
+    seed:              seeds init, data order and dropout; data order at step s is a function of (seed, epoch),
+                       so a resumed run sees exactly the batches an uninterrupted one would.
+    base_model:        hub id, local folder or s3:// / file:// manifested folder (with `base_model_subdir`);
+                       "" = tiny profile: train a tokenizer on the task corpus and build a GPT-2 from `tiny`.
+    base_model_subdir: sub-folder of a manifested base_model that holds the model ("model" for a stage output).
+    vocab_size:        tiny profile tokenizer size (byte-level BPE, digits split one per token).
+    tiny:              tiny profile model shape (training.models.TinyModelConfig).
+    domains:           task domains to train on ([] = all in the train split).
+    max_examples:      cap on training examples (0 = all), taken in file order.
+    max_seq_len:       packed row length in tokens; an example longer than this is truncated (and counted).
+    packing:           concatenate examples into full rows with a block-diagonal attention mask and positions
+                       restarting per example, so no compute is spent on padding and examples never attend to
+                       each other ("packing with attention masking", as in Krell et al. 2021, "Efficient
+                       Sequence Packing without Cross-contamination").
+    batch_size:        rows per optimizer step.
+    max_steps:         optimizer steps. The tiny profile under-trains a little on purpose so that RL has headroom.
+    lr, min_lr_ratio:  peak AdamW learning rate; cosine decay to lr * min_lr_ratio (Loshchilov & Hutter 2017,
+                       SGDR) after `warmup_steps` of linear warm-up (Goyal et al. 2017). 1.0 = constant LR
+                       (the tiny pipeline stops SFT early at constant LR and leaves the rest to RL).
+    weight_decay:      AdamW decoupled weight decay (Loshchilov & Hutter 2019), not applied to biases/LayerNorm.
+    betas:             AdamW betas.
+    grad_clip:         max global gradient L2 norm (Pascanu et al. 2013); 0 disables.
+    checkpoint_every:  save a resumable checkpoint every N steps (0 = only at the end).
+    log_every:         step metrics to MLflow every N steps.
+    lora:              LoraSettings; off by default (the tiny profile trains from scratch).
+    device:            "cpu", "cuda" or "auto".
+    """
+
+    seed: int = 0
+    base_model: str = ""
+    base_model_subdir: str = ""
+    vocab_size: int = 512
+    tiny: models.TinyModelConfig = field(default_factory=models.TinyModelConfig)
+    domains: list[str] = field(default_factory=list)
+    max_examples: int = 0
+    max_seq_len: int = 128
+    packing: bool = True
+    batch_size: int = 16
+    max_steps: int = 300
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0
+    checkpoint_every: int = 100
+    log_every: int = 10
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    device: str = "auto"
+
+
+# ----- data: tokenise with a response-only loss mask, then pack ---------------------------------------------
+@dataclass
+class Example:
+    input_ids: list[int]
+    loss_mask: list[int]  # 1 where the token is part of the response (predicted and trained on)
+
+
+def tokenize_example(tokenizer: Any, prompt: str, response: str, max_len: int) -> Example:
+    """prompt ids + response ids + EOS, loss on response and EOS only. Prompt and response are tokenised
+    separately: that is exactly how generation sees them (prompt ids, then sampled ids)."""
+    p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    r = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    ids, mask = (p + r)[:max_len], ([0] * len(p) + [1] * len(r))[:max_len]
+    return Example(ids, mask)
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # (N, T)
+    loss_mask: torch.Tensor  # (N, T) 1 on tokens whose prediction is trained
+    position_ids: torch.Tensor  # (N, T)
+    attention_mask: torch.Tensor  # (N, 1, T, T) bool, block-diagonal causal
+
+
+def pack(examples: list[Example], max_len: int, pad_id: int, packing: bool = True) -> list[list[Example]]:
+    """Group examples into rows of at most max_len tokens (first fit, order kept); one per row if not packing."""
+    if not packing:
+        return [[e] for e in examples]
+    rows: list[list[Example]] = []
+    used = max_len + 1
+    for ex in examples:
+        if used + len(ex.input_ids) > max_len:
+            rows.append([])
+            used = 0
+        rows[-1].append(ex)
+        used += len(ex.input_ids)
+    return rows
+
+
+def collate(rows: list[list[Example]], max_len: int, pad_id: int) -> Batch:
+    """Rows of packed examples -> tensors. Padding is on the right with loss 0 and attends only to itself."""
+    T = min(max_len, max(sum(len(e.input_ids) for e in row) for row in rows))
+    N = len(rows)
+    ids = torch.full((N, T), pad_id, dtype=torch.long)  # (N, T)
+    loss = torch.zeros((N, T), dtype=torch.long)  # (N, T)
+    pos = torch.zeros((N, T), dtype=torch.long)  # (N, T)
+    seg = torch.full((N, T), -1, dtype=torch.long)  # (N, T) example index within the row; -1 = padding
+    for i, row in enumerate(rows):
+        at = 0
+        for j, ex in enumerate(row):
+            n = len(ex.input_ids)
+            ids[i, at:at + n] = torch.tensor(ex.input_ids)
+            loss[i, at:at + n] = torch.tensor(ex.loss_mask)
+            pos[i, at:at + n] = torch.arange(n)
+            seg[i, at:at + n] = j
+            at += n
+        seg[i, at:] = torch.arange(len(row), len(row) + T - at)  # each pad token its own segment
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))  # (T, T)
+    attn = (seg[:, :, None] == seg[:, None, :]) & causal  # (N, T, T)
+    return Batch(ids, loss, pos, attn[:, None])
+
+
+def response_loss(model: Any, batch: Batch) -> tuple[torch.Tensor, int]:
+    """Mean next-token cross-entropy over response tokens. Returns (loss, number of trained tokens)."""
+    logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                   attention_mask=batch.attention_mask).logits  # (N, T, V)
+    targets = batch.input_ids[:, 1:]  # (N, T-1)
+    mask = batch.loss_mask[:, 1:].float()  # (N, T-1) token t+1 is trained when it is a response token
+    nll = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none"
+    ).view_as(mask)  # (N, T-1)
+    n = int(mask.sum())
+    return (nll * mask).sum() / max(n, 1), n
+
+
+# ----- model --------------------------------------------------------------------------------------------------
+def build_model(cfg: SFTConfig, tasks: list[Task], tokenizer_dir: Path | None = None) -> tuple[Any, Any]:
+    """The model to fine-tune: the tiny profile's (tokenizer trained on the corpus) or `base_model`, + LoRA."""
+    if cfg.base_model:
+        model, tokenizer = models.load_model(cfg.base_model, cfg.base_model_subdir)
+    else:
+        tokenizer = None if tokenizer_dir else models.build_tiny_tokenizer(corpus(tasks), cfg.vocab_size)
+    if tokenizer_dir is not None:  # resuming: the checkpoint's tokenizer, exactly
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    if not cfg.base_model:
+        torch.manual_seed(cfg.seed)
+        model = models.build_tiny_model(cfg.tiny, tokenizer)
+    if cfg.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(
+            r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+            target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM",
+            fan_in_fan_out=getattr(model.config, "model_type", "") == "gpt2"))
+    return model, tokenizer
+
+
+def corpus(tasks: list[Task]) -> list[str]:
+    return [t.prompt for t in tasks] + [t.reference for t in tasks if t.reference]
+
+
+def lr_at(step: int, cfg: SFTConfig) -> float:
+    """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at max_steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(model: Any, cfg: Any) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_split(ctx: StageContext, split: str) -> list[Task]:
+    """Tasks of one split (`train`/`holdout`) of this run's task set (checksums verified)."""
+    from training.tasksets.io import load_tasks
+
+    manifest = ctx.input("taskset")
+    local = storage.fetch(manifest, f"{split}.parquet", ctx.workdir / f"{split}.parquet")
+    return load_tasks(local)
+
+
+# ----- the stage ----------------------------------------------------------------------------------------------
+def train(ctx: StageContext) -> dict[str, Any]:
+    cfg: SFTConfig = ctx.config  # type: ignore[assignment]
+    device = resolve_device(cfg.device)
+    tasks = [t for t in load_split(ctx, "train") if t.reference and (not cfg.domains or t.domain in cfg.domains)]
+    if cfg.max_examples:
+        tasks = tasks[:cfg.max_examples]
+    if not tasks:
+        raise ValueError("sft: no training examples with a reference completion in the task set")
+
+    # Resume: the last complete checkpoint carries the tokenizer, weights, optimizer, RNG and step.
+    resumed = checkpointing.latest(ctx.stage_uri)
+    state, tok_dir = (checkpointing.load(resumed[1], ctx.workdir) if resumed else (None, None))
+    model, tokenizer = build_model(cfg, tasks, tok_dir)
+    if state is not None:
+        model.load_state_dict(state["model"])
+    model.to(device).train()
+    optimizer = make_optimizer(model, cfg)
+    start_step = 0
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        checkpointing.set_rng_state(state["rng"])
+        start_step = state["step"]
+        ctx.progress(f"resumed from checkpoint step {start_step}")
+    else:
+        checkpointing.seed_everything(cfg.seed)
+
+    examples = [tokenize_example(tokenizer, t.prompt, t.reference, cfg.max_seq_len) for t in tasks]
+    truncated = sum(len(tokenizer(t.prompt + t.reference)["input_ids"]) + 1 > cfg.max_seq_len for t in tasks)
+    ctx.progress(f"{len(examples)} examples, {truncated} truncated, "
+                 f"{models.count_parameters(model):,} parameters", step=start_step)
+
+    @functools.lru_cache(maxsize=1)
+    def rows_for_epoch(epoch: int) -> list[list[Example]]:
+        order = list(range(len(examples)))
+        random.Random(cfg.seed * 1_000_003 + epoch).shuffle(order)
+        return pack([examples[i] for i in order], cfg.max_seq_len, tokenizer.pad_token_id, cfg.packing)
+
+    steps_per_epoch = max(1, len(rows_for_epoch(0)) // cfg.batch_size)
+
+    def batch_at(step: int) -> Batch:
+        """The batch of step `step`: a pure function of (seed, step), so a resumed run replays the same data."""
+        epoch, k = divmod(step, steps_per_epoch)
+        rows = rows_for_epoch(epoch)[k * cfg.batch_size:(k + 1) * cfg.batch_size]
+        return collate(rows, cfg.max_seq_len, tokenizer.pad_token_id)
+
+    t0, tokens_seen, loss_sum, loss_n = time.monotonic(), 0, 0.0, 0
+    last_loss = float("nan")
+    for step in range(start_step, cfg.max_steps):
+        batch = batch_at(step)
+        batch = Batch(*(x.to(device) for x in (batch.input_ids, batch.loss_mask, batch.position_ids,
+                                                 batch.attention_mask)))
+        lr = lr_at(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss, n_tok = response_loss(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in model.parameters() if p.requires_grad], cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        optimizer.step()
+        tokens_seen += n_tok
+        loss_sum, loss_n, last_loss = loss_sum + loss.item(), loss_n + 1, loss.item()
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.max_steps:
+            elapsed = time.monotonic() - t0
+            ctx.progress("train", step=done, loss=loss_sum / loss_n, lr=lr, grad_norm=float(grad_norm),
+                         response_tokens_per_s=tokens_seen / max(elapsed, 1e-9))
+            loss_sum, loss_n = 0.0, 0
+        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.max_steps:
+            checkpointing.save(ctx.stage_uri, done, model, optimizer, tokenizer)
+            ctx.progress(f"checkpoint step {done}")
+
+    model.eval()
+    models.save_checkpoint(model, tokenizer, ctx.writer, "model")
+    return {"steps": cfg.max_steps, "final_loss": last_loss, "examples": len(examples),
+            "parameters": models.count_parameters(model), "resumed_from": start_step}
+
+
+def cli(argv: list[str], prog: str = "posttrain sft") -> int:
+    from training.cli import run_cli, stage_parser
+
+    args = stage_parser(prog, "Supervised fine-tuning on the task set's reference completions.",
+                        SFTConfig).parse_args(argv)
+
+    def go() -> int:
+        run_stage(STAGE, load_config(SFTConfig, args.config, args.set), args.run, train)
+        return 0
+
+    return run_cli(go)
