@@ -14,6 +14,7 @@ from typing import Any
 from airflow.sdk import Asset, BaseBranchOperator, Param
 
 from operators.spec import StageSpec
+from training.profiles import preset
 
 MAX_ROUNDS = int(os.environ.get("POSTTRAIN_MAX_ROUNDS", "4"))
 TASKSETS_ROOT = os.environ.get("POSTTRAIN_TASKSETS_ROOT", "s3://posttrain/tasksets")
@@ -67,6 +68,8 @@ def stage_config(stage: str, params: dict[str, Any]) -> str:
         picked = {}
     cfg = {"seed": seed, **{k: v for k, v in picked.items() if v is not None}} if stage in (
         "taskset", "sft", "evaluate") or stage.startswith("rl_round") else {}
+    if not params.get("base_model"):  # a hub/user model brings its own scale; presets are for built models
+        cfg = {**preset(params.get("profile") or "tiny", stage), **cfg}
     overrides = params.get("stage_overrides") or {}
     if stage.startswith("rl_round"):
         cfg.update(overrides.get("rl_round") or {})

@@ -37,6 +37,8 @@ os.environ.update({
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME / 'airflow.db'}",
     "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+    # A retried stage task should not wait the production 30 s in tests.
+    "POSTTRAIN_RETRY_DELAY_S": "1",
 })
 
 

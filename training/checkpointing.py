@@ -58,7 +58,24 @@ def save(stage_uri: str, step: int, model: Any, optimizer: Any, tokenizer: Any,
         torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "rng": rng_state(), "extra": extra or {}}, tmp_path / "train_state.pt")
         writer.put_file(tmp_path / "train_state.pt", "train_state.pt")
-    return writer.commit(extra={"step": step})
+    manifest = writer.commit(extra={"step": step})
+    _maybe_crash(stage_uri, step)
+    return manifest
+
+
+KILL_ENV = "POSTTRAIN_KILL_AFTER_CHECKPOINT"
+
+
+def _maybe_crash(stage_uri: str, step: int) -> None:
+    """Fault injection for the kill-and-retry tests: `POSTTRAIN_KILL_AFTER_CHECKPOINT=<stage>:<step>` SIGKILLs
+    this process right after that checkpoint is committed. It is a real crash, at a point a test cannot hit
+    reliably from outside; a retry resumes from that checkpoint and never writes it again, so it fires once."""
+    import os
+    import signal
+
+    target = os.environ.get(KILL_ENV, "")
+    if target and target == f"{stage_uri.rstrip('/').rsplit('/', 1)[-1]}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def latest(stage_uri: str) -> tuple[int, storage.Manifest] | None:

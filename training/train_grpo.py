@@ -457,6 +457,8 @@ class Round:
                               for (t, g, rs), ad in zip(kept, adv.tolist())
                               for c, r, a in zip(g, rs, ad)][:cfg.log_samples]
         metrics = {f"reward/{d}": sum(v) / len(v) for d, v in sorted(domain_rewards.items())}
+        every = [r for v in domain_rewards.values() for r in v]
+        metrics["reward/all"] = sum(every) / max(1, len(every))
         metrics.update({f"train/{k}": v for k, v in stats.items()})
         metrics.update({"groups_drawn": float(drawn), "groups_kept": float(len(kept)),
                         "zero_variance_frac": zero_var / max(1, drawn), "lr": lr,
@@ -526,8 +528,16 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     ctx.writer.put_json({"holdout_before": holdout_before, "holdout_after": holdout_after, "history": history},
                         "round_report.json")
     ctx.progress(f"round {round_} done", step=cfg.steps, **{f"holdout/{k}": v for k, v in holdout_after.items()})
+    holdout_counts: dict[str, dict[str, int]] = {}
+    for row in holdout_rows:
+        c = holdout_counts.setdefault(row["domain"], {"passed": 0, "total": 0})
+        c["total"] += 1
+        c["passed"] += int(row["reward"] > 0)
+    rewards = [h["reward/all"] for h in history if "reward/all" in h]
     return {"round": round_, "steps": cfg.steps, "resumed_from": start_step, "policy_from": prev,
             "holdout_before": holdout_before, "holdout_after": holdout_after,
+            # counts (for the gate's intervals) and the round's mean train reward (for the reward-hack rule)
+            "holdout": holdout_counts, "train_reward_mean": sum(rewards) / max(1, len(rewards)),
             "final_train_metrics": history[-1] if history else {},
             "samples_per_s_this_attempt": rnd.samples_seen / max(elapsed, 1e-9)}
 

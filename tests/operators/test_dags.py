@@ -48,18 +48,26 @@ def test_nightly_and_refresh_wiring(dagbag) -> None:
 
 
 def test_stage_configs_from_params() -> None:
+    from training.profiles import TINY
+
     params = {"seed": 3, "k": 4, "learning_rate": 1e-3, "kl_coef": 0.05, "mix": {"math": 1.0},
               "base_model": "", "profile": "tiny"}
+    # The tiny preset first, the form's knobs on top.
     assert json.loads(stage_config("rl_round_2", params)) == {
-        "seed": 3, "samples_per_prompt": 4, "lr": 1e-3, "beta": 0.05, "domain_weights": {"math": 1.0}}
-    assert json.loads(stage_config("taskset", params)) == {"profile": "tiny", "seed": 3, "mix": {"math": 1.0}}
+        **TINY["rl_round"], "seed": 3, "samples_per_prompt": 4, "lr": 1e-3, "beta": 0.05,
+        "domain_weights": {"math": 1.0}}
+    assert json.loads(stage_config("taskset", params)) == {**TINY["taskset"], "profile": "tiny", "seed": 3,
+                                                           "mix": {"math": 1.0}}
+    # A base model of the user's gets no tiny preset.
     assert json.loads(stage_config("sft", {**params, "base_model": "s3://m/x"})) == {"seed": 3, "base_model": "s3://m/x"}
-    # Knobs left empty in the form keep the stage defaults.
-    assert json.loads(stage_config("rl_round_1", {"seed": 0, "k": None, "learning_rate": None})) == {"seed": 0}
-    assert json.loads(stage_config("sft", {"base_model": ""})) == {"seed": 0}
+    # Knobs left empty in the form keep the preset (or the stage defaults).
+    assert json.loads(stage_config("rl_round_1", {"seed": 0, "k": None, "learning_rate": None})) == {
+        **TINY["rl_round"], "seed": 0}
+    assert json.loads(stage_config("sft", {"base_model": "", "profile": "data"})) == {"seed": 0}
     assert json.loads(stage_config("gate", params)) == {}
     overrides = {"rl_round": {"steps": 5}, "rl_round_2": {"steps": 7}, "gate": {"tolerance": 0.05}}
     assert json.loads(stage_config("rl_round_1", {"stage_overrides": overrides}))["steps"] == 5
+    assert json.loads(stage_config("rl_round_1", {"stage_overrides": overrides}))["lr"] == TINY["rl_round"]["lr"]
     assert json.loads(stage_config("rl_round_2", {"stage_overrides": overrides}))["steps"] == 7
     assert json.loads(stage_config("gate", {"stage_overrides": overrides})) == {"tolerance": 0.05}
     assert run_slug("manual__2026-12-03T08:00:00+00:00") == "manual__2026-12-03T08-00-00-00-00"

@@ -18,15 +18,15 @@ import pytest
 
 from training import stage
 from training.config import from_dict
+from training.profiles import TINY
 
 pytestmark = pytest.mark.slow
 
 SEED = 0
-TASKSET = {"seed": SEED, "counts": {"math": 3000, "code": 400, "extraction": 400}, "difficulties": [1, 2],
-           "mix": {"math": 0.8, "code": 0.1, "extraction": 0.1}, "mix_tolerance": 0.1}
-SFT = {"seed": SEED, "max_steps": 200, "min_lr_ratio": 1.0, "checkpoint_every": 100}
-GRPO = {"seed": SEED, "steps": 100, "checkpoint_every": 25, "lr": 2e-4, "prompts_per_step": 32,
-        "samples_per_prompt": 8, "beta": 0.01, "domain_weights": {"math": 0.8, "code": 0.1, "extraction": 0.1}}
+# The tiny profile exactly as the DAG runs it (training/profiles.py).
+TASKSET = {"seed": SEED, **TINY["taskset"]}
+SFT = {"seed": SEED, **TINY["sft"]}
+GRPO = {"seed": SEED, **TINY["rl_round"]}
 
 
 def test_sft_then_two_rounds_lift_arithmetic(file_run_uri, local_mlflow) -> None:

@@ -1,0 +1,118 @@
+"""The whole product on the tiny profile: the `post_training` DAG under dag.test() against the real local
+stack (S3-compatible server + MLflow server), a stage killed mid-round and retried by Airflow, then the gate
+facing a planted degraded checkpoint and a planted reward hack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from training import storage
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+MODEL_NAME = f"e2e-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(airflow_db, local_stack):
+    """One post_training run: rl_round_1 is SIGKILLed right after its step-10 checkpoint, Airflow retries it."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    os.environ["POSTTRAIN_KILL_AFTER_CHECKPOINT"] = "rl_round_1:10"  # a real crash at a precise point
+    try:
+        dag = DagBag(str(REPO / "dags")).dags["post_training"]
+        run_root = f"s3://posttrain/e2e/{uuid.uuid4().hex[:8]}"
+        dr = dag.test(run_conf={"run_root": run_root, "rounds": 2, "stage_overrides": {
+            "evaluate": {"model_name": MODEL_NAME}, "promote": {"model_name": MODEL_NAME}}})
+    finally:
+        del os.environ["POSTTRAIN_KILL_AFTER_CHECKPOINT"]
+    tis = {ti.task_id: ti for ti in dr.get_task_instances()}
+    return dr, tis, run_root
+
+
+def _run_uri(run_root: str) -> str:
+    runs = {key.split("/", 1)[0] for key in storage.iter_files(run_root)}
+    assert len(runs) == 1, runs
+    return storage.join(run_root, runs.pop())
+
+
+def test_dag_runs_end_to_end_and_promotes(pipeline_run) -> None:
+    from training import registry
+
+    dr, tis, run_root = pipeline_run
+    states = {k: ti.state for k, ti in tis.items()}
+    assert dr.state == "success", states
+    assert states["rl_round_3"] == "skipped" and states["rl_round_4"] == "skipped"
+    assert states["promote"] == "success" and states["blocked"] == "skipped", states
+    run_uri = _run_uri(run_root)
+    for stage in ("taskset", "sft", "rl_round_1", "rl_round_2", "evaluate", "gate", "promote"):
+        assert storage.read_manifest(storage.join(run_uri, stage)) is not None, stage
+    verdict = storage.read_json(storage.require_manifest(storage.join(run_uri, "gate")), "verdict.json")
+    assert verdict["decision"] == "promote", verdict
+    champ = registry.champion(MODEL_NAME)
+    assert champ is not None and champ.source == storage.join(run_uri, "rl_round_2")
+    report = storage.require_manifest(storage.join(run_uri, "evaluate"))
+    html = storage.read_bytes(report, "report.html").decode()
+    assert html.count('src="data:image/png;base64,') == 2  # pass@1 per domain, reward per round
+    assert {"plots/pass1_by_domain.png", "plots/reward_per_round.png"} <= set(report.files)
+
+
+def test_killed_stage_was_retried_by_airflow_and_resumed(pipeline_run) -> None:
+    dr, tis, run_root = pipeline_run
+    assert tis["rl_round_1"].try_number == 2, "the first attempt was killed; Airflow's retry finished the round"
+    assert tis["rl_round_2"].try_number == 1
+    summary = storage.require_manifest(storage.join(_run_uri(run_root), "rl_round_1")).extra["summary"]
+    assert summary["resumed_from"] == 10
+
+
+def _plant_round(run_uri: str, stage_name: str, model, tok, train_reward: float) -> str:
+    from training import models
+
+    writer = storage.ManifestWriter(storage.join(run_uri, stage_name))
+    models.save_checkpoint(model, tok, writer, "model")
+    writer.commit(extra={"summary": {"train_reward_mean": train_reward}})
+    return writer.uri
+
+
+def test_gate_blocks_planted_degraded_checkpoint_and_reward_hack(pipeline_run, tmp_path) -> None:
+    """A second run on the same task set and SFT model whose RL "rounds" are the champion with its weights
+    damaged, while the train reward they report rises: evaluate compares with the champion, the gate blocks
+    naming the domains, and promote refuses."""
+    import torch
+
+    from training import cli, models, registry
+
+    _, _, run_root = pipeline_run
+    first = _run_uri(run_root)
+    champ_before = registry.champion(MODEL_NAME)
+    run2 = f"{run_root}-planted"
+    assert cli.main(["adopt", "--source", storage.join(first, "taskset"), "--as", "taskset", "--run", run2]) == 0
+    assert cli.main(["adopt", "--source", storage.join(first, "sft"), "--as", "sft", "--prefix", "model",
+                     "--run", run2]) == 0
+    model, tok = models.load_model(champ_before.source, "model", cache_dir=tmp_path / "champ")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * p.std() * 0.6)  # damage every weight: the degraded checkpoint
+    _plant_round(run2, "rl_round_1", model, tok, train_reward=0.30)
+    _plant_round(run2, "rl_round_2", model, tok, train_reward=0.85)
+
+    overrides = ["--set", f"model_name={MODEL_NAME}", "--set", "max_tasks_per_domain=100",
+                 "--set", "n_samples=4", "--set", "ks=[1,4]"]
+    assert cli.main(["evaluate", "--run", run2, *overrides]) == 0
+    assert cli.main(["gate", "--run", run2]) == 0
+    verdict = storage.read_json(storage.require_manifest(storage.join(run2, "gate")), "verdict.json")
+    assert verdict["decision"] == "block"
+    rules = {(f["rule"], f["reference"]) for f in verdict["findings"]}
+    assert ("regression", "champion") in rules and ("reward_hacking", "rl_rounds") in rules, verdict["reasons"]
+    blocked = {f["domain"] for f in verdict["findings"] if f["rule"] == "regression"}
+    assert "math" in blocked and all(r.split(":")[0] in blocked | {"math", "code", "extraction"}
+                                     for r in verdict["reasons"])
+    assert cli.main(["promote", "--run", run2, "--set", f"model_name={MODEL_NAME}"]) == 2
+    assert registry.champion(MODEL_NAME) == champ_before  # the alias did not move
