@@ -21,10 +21,10 @@ MODEL_NAME = f"e2e-{uuid.uuid4().hex[:6]}"
 
 @pytest.fixture(scope="module")
 def pipeline_run(airflow_db, local_stack):
-    """One post_training run: rl_round_1 is SIGKILLed right after its step-10 checkpoint, Airflow retries it."""
+    """One post_training run: rl_round_1 is SIGKILLed right after its step-25 checkpoint, Airflow retries it."""
     from airflow.dag_processing.dagbag import DagBag
 
-    os.environ["POSTTRAIN_KILL_AFTER_CHECKPOINT"] = "rl_round_1:10"  # a real crash at a precise point
+    os.environ["POSTTRAIN_KILL_AFTER_CHECKPOINT"] = "rl_round_1:25"  # a real crash at a precise point
     try:
         dag = DagBag(str(REPO / "dags")).dags["post_training"]
         run_root = f"s3://posttrain/e2e/{uuid.uuid4().hex[:8]}"
@@ -68,7 +68,7 @@ def test_killed_stage_was_retried_by_airflow_and_resumed(pipeline_run) -> None:
     assert tis["rl_round_1"].try_number == 2, "the first attempt was killed; Airflow's retry finished the round"
     assert tis["rl_round_2"].try_number == 1
     summary = storage.require_manifest(storage.join(_run_uri(run_root), "rl_round_1")).extra["summary"]
-    assert summary["resumed_from"] == 10
+    assert summary["resumed_from"] == 25
 
 
 def _plant_round(run_uri: str, stage_name: str, model, tok, train_reward: float) -> str:
