@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, chain
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from operators.pipeline import (DEFAULT_ARGS, MAX_ROUNDS, MODEL_NAME, PARAMS, TASKSET_ASSET, TASKSETS_ROOT,
-                                GateBranchOperator, run_slug, spec, stage_config)
+from operators.pipeline import (DEFAULT_ARGS, MODEL_NAME, PARAMS, TASKSET_ASSET, TASKSETS_ROOT,
+                                rounds_through_promotion, run_slug, spec, stage_config)
 from operators.stage_operator import PosttrainStageOperator
 
 RUN_URI = "{{ params.run_root }}/{{ run_slug(run_id) }}"
@@ -41,23 +40,4 @@ with DAG(
         task_id="adopt_champion",
         spec=spec("adopt", "--source", f"models:/{MODEL_NAME}@champion", "--as", "sft", "--prefix", "model"),
         run_uri=RUN_URI)
-    rounds = [
-        PosttrainStageOperator(
-            task_id=f"rl_round_{n}", spec=spec("rl-round", "--round", str(n), gpus=1), run_uri=RUN_URI,
-            config=f"{{{{ stage_config('rl_round_{n}', params) }}}}", enabled=f"{{{{ params.rounds >= {n} }}}}",
-            pool="gpu")
-        for n in range(1, MAX_ROUNDS + 1)
-    ]
-    evaluate = PosttrainStageOperator(
-        task_id="evaluate", spec=spec("evaluate", gpus=1), run_uri=RUN_URI,
-        config="{{ stage_config('evaluate', params) }}", pool="sandbox", trigger_rule="none_failed")
-    gate = PosttrainStageOperator(task_id="gate", spec=spec("gate"), run_uri=RUN_URI,
-                                  config="{{ stage_config('gate', params) }}")
-    branch = GateBranchOperator(task_id="gate_verdict", gate_task_id="gate", promote_task_id="promote",
-                                blocked_task_id="blocked")
-    promote = PosttrainStageOperator(task_id="promote", spec=spec("promote"), run_uri=RUN_URI,
-                                     config="{{ stage_config('promote', params) }}")
-    blocked = EmptyOperator(task_id="blocked")
-
-    chain([taskset, champion], rounds[0])
-    chain(*rounds, evaluate, gate, branch, [promote, blocked])
+    chain([taskset, champion], rounds_through_promotion(RUN_URI))

@@ -9,10 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG, chain
-from airflow.providers.standard.operators.empty import EmptyOperator
 
-from operators.pipeline import (DEFAULT_ARGS, MAX_ROUNDS, PARAMS, GateBranchOperator, run_slug, spec,
-                                stage_config)
+from operators.pipeline import DEFAULT_ARGS, PARAMS, rounds_through_promotion, run_slug, spec, stage_config
 from operators.stage_operator import PosttrainStageOperator
 
 RUN_URI = "{{ params.run_root }}/{{ run_slug(run_id) }}"
@@ -35,22 +33,4 @@ with DAG(
     sft = PosttrainStageOperator(
         task_id="sft", spec=spec("sft", gpus=1), run_uri=RUN_URI,
         config="{{ stage_config('sft', params) }}", pool="gpu")
-    rounds = [
-        PosttrainStageOperator(
-            task_id=f"rl_round_{n}", spec=spec("rl-round", "--round", str(n), gpus=1), run_uri=RUN_URI,
-            config=f"{{{{ stage_config('rl_round_{n}', params) }}}}", enabled=f"{{{{ params.rounds >= {n} }}}}",
-            pool="gpu")
-        for n in range(1, MAX_ROUNDS + 1)
-    ]
-    evaluate = PosttrainStageOperator(
-        task_id="evaluate", spec=spec("evaluate", gpus=1), run_uri=RUN_URI,
-        config="{{ stage_config('evaluate', params) }}", pool="sandbox", trigger_rule="none_failed")
-    gate = PosttrainStageOperator(task_id="gate", spec=spec("gate"), run_uri=RUN_URI,
-                                  config="{{ stage_config('gate', params) }}")
-    branch = GateBranchOperator(task_id="gate_verdict", gate_task_id="gate", promote_task_id="promote",
-                                blocked_task_id="blocked")
-    promote = PosttrainStageOperator(task_id="promote", spec=spec("promote"), run_uri=RUN_URI,
-                                     config="{{ stage_config('promote', params) }}")
-    blocked = EmptyOperator(task_id="blocked")
-
-    chain(taskset, sft, *rounds, evaluate, gate, branch, [promote, blocked])
+    chain(taskset, sft, rounds_through_promotion(RUN_URI))

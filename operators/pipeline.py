@@ -101,3 +101,33 @@ class GateBranchOperator(BaseBranchOperator):
         for reason in summary.get("reasons", []):
             self.log.info("gate: %s", reason)
         return self.promote_task_id if decision == "promote" else self.blocked_task_id
+
+
+def rounds_through_promotion(run_uri: str) -> Any:
+    """The tail both training DAGs share, built inside the current DAG: RL rounds 1..MAX_ROUNDS (a round beyond
+    `params.rounds` skips), evaluate, gate, and the branch to `promote` or `blocked`. Returns the first round,
+    for the caller to put its own upstream stages in front of."""
+    from airflow.providers.standard.operators.empty import EmptyOperator
+    from airflow.sdk import chain
+
+    from operators.stage_operator import PosttrainStageOperator
+
+    rounds = [
+        PosttrainStageOperator(
+            task_id=f"rl_round_{n}", spec=spec("rl-round", "--round", str(n), gpus=1), run_uri=run_uri,
+            config=f"{{{{ stage_config('rl_round_{n}', params) }}}}", enabled=f"{{{{ params.rounds >= {n} }}}}",
+            pool="gpu")
+        for n in range(1, MAX_ROUNDS + 1)
+    ]
+    evaluate = PosttrainStageOperator(
+        task_id="evaluate", spec=spec("evaluate", gpus=1), run_uri=run_uri,
+        config="{{ stage_config('evaluate', params) }}", pool="sandbox", trigger_rule="none_failed")
+    gate = PosttrainStageOperator(task_id="gate", spec=spec("gate"), run_uri=run_uri,
+                                  config="{{ stage_config('gate', params) }}")
+    branch = GateBranchOperator(task_id="gate_verdict", gate_task_id="gate", promote_task_id="promote",
+                                blocked_task_id="blocked")
+    promote = PosttrainStageOperator(task_id="promote", spec=spec("promote"), run_uri=run_uri,
+                                     config="{{ stage_config('promote', params) }}")
+    blocked = EmptyOperator(task_id="blocked")
+    chain(*rounds, evaluate, gate, branch, [promote, blocked])
+    return rounds[0]
