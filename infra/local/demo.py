@@ -111,8 +111,12 @@ def main() -> int:
     print(f"\n== {DAG_ID} run {run_id}: {state} in {time.monotonic() - started:.0f}s")
     print(f"  Airflow UI: {stack.airflow_url}/dags/{DAG_ID}  (user {AIRFLOW_USER}, password {stack.airflow_password()})")
     print(f"  MLflow UI : {stack.mlflow_url}  (experiment 'posttrain': parent run per pipeline run, nested stages)")
-    print(f"  Outputs   : s3://posttrain/runs/<run>/<stage>/manifest.json at {stack.s3_url}  "
-          f"(source .local/env; posttrain inspect s3://posttrain/runs/...)")
+    from operators.pipeline import DEFAULT_RUN_ROOT, run_slug
+
+    run_uri = f"{DEFAULT_RUN_ROOT}/{run_slug(run_id)}"
+    print(f"  Outputs   : {run_uri}/<stage>/  (S3 at {stack.s3_url}; `source .local/env` then "
+          f"`posttrain inspect {run_uri}/evaluate`)")
+    print(f"  Report    : {run_uri}/evaluate/report.html (also in the evaluate stage's MLflow run)")
     if verdict:
         print(f"  Gate      : {verdict.get('decision', '?').upper()}")
         for reason in verdict.get("reasons", []):
