@@ -129,13 +129,14 @@ def setup_filesystem(keep: Iterable[str], tmp_size_mb: int) -> dict[str, Any]:
             out["proc"] = True
         except OSError as exc:
             out["proc_error"] = str(exc)
-    if not any(_under(k, "/tmp") for k in keep):
-        try:
-            mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0711,size={tmp_size_mb}m")
-            out["private_tmp"] = True
-        except OSError as exc:
-            out["tmp_error"] = str(exc)
     keep_dirs = sorted({os.path.realpath(k) for k in keep if os.path.isdir(k)})
+    try:
+        # The project (venv, sandbox package) may itself live under /tmp, e.g. a CI checkout: those paths are
+        # carried over into the private /tmp rather than leaving the host's /tmp visible and writable.
+        _private_tmp([k for k in keep_dirs if _under(k, "/tmp")], tmp_size_mb)
+        out["private_tmp"] = True
+    except OSError as exc:
+        out["tmp_error"] = str(exc)
     try:
         top = sorted(f"/{name}" for name in os.listdir("/") if name not in VISIBLE_TOP_LEVEL)
     except OSError:
@@ -165,6 +166,31 @@ def setup_filesystem(keep: Iterable[str], tmp_size_mb: int) -> dict[str, Any]:
         except OSError as exc:
             out["ro_root_error"] = str(exc)
     return out
+
+
+def _private_tmp(keep: list[str], tmp_size_mb: int) -> None:
+    """Mount a private tmpfs on /tmp, with the `keep` directories under the old /tmp bound back read-only at
+    the same paths. They are staged in /dev/shm while the new tmpfs goes on."""
+    keep = [k for k in keep if not any(o != k and _under(k, o) for o in keep)]
+    staged = []
+    for i, k in enumerate(keep):
+        stage = f"/dev/shm/.sandbox-tmpkeep-{os.getpid()}-{i}"
+        os.mkdir(stage, 0o700)
+        mount(k, stage, None, MS_BIND | MS_REC)
+        staged.append((k, stage))
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0711,size={tmp_size_mb}m")
+    for k, stage in staged:
+        os.makedirs(k, mode=0o755, exist_ok=True)
+        parent = os.path.dirname(k)
+        while parent not in ("/tmp", "/"):  # makedirs honours the umask; a job's uid must traverse them
+            os.chmod(parent, 0o755)
+            parent = os.path.dirname(parent)
+        mount(stage, k, None, MS_MOVE)
+        os.rmdir(stage)
+        try:
+            mount("none", k, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        except OSError:
+            pass  # locked mount flags (user namespaces): the job's uid still cannot write root's files
 
 
 def _hide(path: str, keep: list[str]) -> None:
