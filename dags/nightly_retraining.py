@@ -7,13 +7,11 @@ same rounds → evaluate → gate → promote as `post_training`, so a night tha
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from airflow.sdk import DAG, chain
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from operators.pipeline import (DEFAULT_ARGS, MODEL_NAME, PARAMS, TASKSET_ASSET, TASKSETS_ROOT,
+from operators.pipeline import (DAG_DEFAULTS, MODEL_NAME, PARAMS, TASKSET_ASSET, TASKSETS_ROOT,
                                 rounds_through_promotion, run_slug, spec, stage_config)
 from operators.stage_operator import PosttrainStageOperator
 
@@ -25,13 +23,10 @@ with DAG(
     description="Nightly GRPO rounds from the champion on the newest task set, gated against the champion",
     schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"),
                                  assets=TASKSET_ASSET),
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
     params=NIGHTLY_PARAMS,
     user_defined_macros={"run_slug": run_slug, "stage_config": stage_config},
-    default_args=DEFAULT_ARGS,
     max_active_runs=1,
-    tags=["posttrain"],
+    **DAG_DEFAULTS,
 ) as dag:
     taskset = PosttrainStageOperator(
         task_id="adopt_taskset", spec=spec("adopt", "--source", TASKSETS_ROOT, "--as", "taskset"),

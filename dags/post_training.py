@@ -6,11 +6,9 @@ Every task runs one `posttrain <stage>` under the same run URI; a retry resumes 
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from airflow.sdk import DAG, chain
 
-from operators.pipeline import DEFAULT_ARGS, PARAMS, rounds_through_promotion, run_slug, spec, stage_config
+from operators.pipeline import DAG_DEFAULTS, PARAMS, rounds_through_promotion, run_slug, spec, stage_config
 from operators.stage_operator import PosttrainStageOperator
 
 RUN_URI = "{{ params.run_root }}/{{ run_slug(run_id) }}"
@@ -19,13 +17,10 @@ with DAG(
     dag_id="post_training",
     description="Post-train a base model: verifiable tasks, SFT, GRPO rounds, evaluation, regression gate",
     schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
     params=PARAMS,
     user_defined_macros={"run_slug": run_slug, "stage_config": stage_config},
-    default_args=DEFAULT_ARGS,
     max_active_runs=1,
-    tags=["posttrain"],
+    **DAG_DEFAULTS,
 ) as dag:
     taskset = PosttrainStageOperator(
         task_id="build_taskset", spec=spec("build-taskset"), run_uri=RUN_URI,

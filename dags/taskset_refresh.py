@@ -5,28 +5,24 @@ The Asset event triggers `nightly_retraining` (which also runs on its own cron).
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from airflow.sdk import DAG, Param
 
-from operators.pipeline import DEFAULT_ARGS, TASKSET_ASSET, TASKSETS_ROOT, run_slug, spec
+from operators.pipeline import DAG_DEFAULTS, TASKSET_ASSET, TASKSETS_ROOT, run_slug, spec, stage_config
 from operators.stage_operator import PosttrainStageOperator
+
 BUILD_URI = TASKSETS_ROOT + "/{{ run_slug(run_id) }}"
 
 with DAG(
     dag_id="taskset_refresh",
     description="Rebuild the verifiable task set and publish it as the newest one",
     schedule="@weekly",
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
     params={"profile": Param("tiny", enum=["tiny", "data"]), "seed": Param(0, type="integer")},
-    user_defined_macros={"run_slug": run_slug},
-    default_args=DEFAULT_ARGS,
-    tags=["posttrain"],
+    user_defined_macros={"run_slug": run_slug, "stage_config": stage_config},
+    **DAG_DEFAULTS,
 ) as dag:
     build = PosttrainStageOperator(
         task_id="build_taskset", spec=spec("build-taskset"), run_uri=BUILD_URI,
-        config='{"profile": "{{ params.profile }}", "seed": {{ params.seed }}}')
+        config="{{ stage_config('taskset', params) }}")
     publish = PosttrainStageOperator(
         task_id="publish", spec=spec("latest", TASKSETS_ROOT, "--set"), stage_args=[BUILD_URI + "/taskset"],
         run_uri="", outlets=[TASKSET_ASSET])

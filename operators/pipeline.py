@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import Asset, BaseBranchOperator, Param
@@ -22,6 +22,13 @@ MODEL_NAME = os.environ.get("POSTTRAIN_MODEL_NAME", "posttrain-tiny")
 # Every stage resumes from its own checkpoints, so retrying is always safe.
 DEFAULT_ARGS = {"retries": int(os.environ.get("POSTTRAIN_RETRIES", "2")),
                 "retry_delay": timedelta(seconds=int(os.environ.get("POSTTRAIN_RETRY_DELAY_S", "30")))}
+# What every posttrain DAG shares besides its schedule and params.
+DAG_DEFAULTS: dict[str, Any] = {
+    "start_date": datetime(2026, 1, 1),
+    "catchup": False,
+    "default_args": DEFAULT_ARGS,
+    "tags": ["posttrain"],
+}
 # Updated by taskset_refresh when it moves the pointer; nightly_retraining is scheduled on it.
 TASKSET_ASSET = Asset(f"{TASKSETS_ROOT}/latest.json", extra={"kind": "posttrain task set"})
 DEFAULT_RUN_ROOT = os.environ.get("POSTTRAIN_RUN_ROOT", "s3://posttrain/runs")
