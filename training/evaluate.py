@@ -100,7 +100,7 @@ def _by_domain(tasks: list[Task]) -> dict[str, list[int]]:
     return dict(sorted(out.items()))
 
 
-def _greedy(engine: Any, tasks: list[Task], prompts: list[str], cfg: EvalConfig) -> list[str]:
+def _greedy(engine: Any, prompts: list[str], cfg: EvalConfig) -> list[str]:
     outs = engine.generate(prompts, 1, cfg.max_new_tokens, temperature=0.0, seed=cfg.seed)
     return [o[0].text for o in outs]
 
@@ -184,7 +184,7 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
     from training.rewards import score_tasks
 
     prompts = [t.prompt for t in tasks]
-    greedy = _greedy(engine, tasks, prompts, cfg)
+    greedy = _greedy(engine, prompts, cfg)
     passed = [s > 0 for s in score_tasks(tasks, greedy)]
     sampled = engine.generate(prompts, cfg.n_samples, cfg.max_new_tokens, temperature=cfg.temperature,
                               seed=cfg.seed)
@@ -250,14 +250,9 @@ def pass1_rate(model_report: dict[str, Any], domain: str) -> float:
 
 
 # ----- which models ----------------------------------------------------------------------------------------
-def latest_policy_stage(run_uri: str, baseline: str = "sft") -> str:
-    """The newest complete RL round of the run, else the baseline stage."""
-    n = 1
-    latest = baseline
-    while storage.read_manifest(storage.join(run_uri, f"rl_round_{n}")) is not None:
-        latest = f"rl_round_{n}"
-        n += 1
-    return latest
+def latest_policy_stage(rounds: list[dict[str, Any]], baseline: str = "sft") -> str:
+    """The newest complete RL round (from `rounds_history`), else the baseline stage."""
+    return rounds[-1]["stage"] if rounds else baseline
 
 
 def rounds_history(run_uri: str) -> list[dict[str, Any]]:
@@ -422,7 +417,8 @@ def body(ctx: StageContext) -> dict[str, Any]:
         tasks += [holdout[i] for i in chosen]
     ctx.progress(f"holdout: {len(tasks)} tasks in {len(_by_domain(tasks))} domains")
 
-    candidate_stage = latest_policy_stage(ctx.run_uri, cfg.baseline_stage) if cfg.candidate == "latest" \
+    rounds = rounds_history(ctx.run_uri)
+    candidate_stage = latest_policy_stage(rounds, cfg.baseline_stage) if cfg.candidate == "latest" \
         else cfg.candidate
     specs: dict[str, str] = {}
     if "://" in candidate_stage:
@@ -457,7 +453,7 @@ def body(ctx: StageContext) -> dict[str, Any]:
                                               for d in models[name]["domains"]})
 
     report = {"run_id": ctx.run_id, "candidate_stage": candidate_stage, "config": cfg.to_dict(),
-              "models": models, "rounds": rounds_history(ctx.run_uri)}
+              "models": models, "rounds": rounds}
     plots = _plots(report, ctx.workdir / "plots")
     markdown = render_markdown(report)
     page = render_html(markdown, plots)

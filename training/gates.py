@@ -161,9 +161,9 @@ def decide(candidate: dict[str, Counts], references: dict[str, dict[str, Counts]
             findings += compare_domains(candidate, references[name], name, cfg)
     if holdout_first is not None:
         findings += reward_hacking(train_reward, holdout_first, candidate, cfg)
-    unique: dict[tuple[str, str], Finding] = {}
+    unique: dict[tuple[str, str, str], Finding] = {}
     for f in findings:  # insufficient_data is found once per reference; report it once
-        unique.setdefault((f.rule, f.domain) if f.rule == "insufficient_data" else (f.rule, f.domain + f.reference), f)
+        unique.setdefault((f.rule, f.domain, "" if f.rule == "insufficient_data" else f.reference), f)
     kept = list(unique.values())
     return Verdict(promote=not kept, reasons=[f.message for f in kept] or ["no regression beyond tolerance"],
                    findings=kept)

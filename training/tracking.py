@@ -12,6 +12,7 @@ unreachable server fails fast with a message saying where it looked and how to s
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import urllib.error
@@ -80,7 +81,7 @@ class StageRun:
     parent_run_id: str
     experiment_id: str
 
-    @property
+    @functools.cached_property
     def client(self):
         from mlflow.tracking import MlflowClient
 

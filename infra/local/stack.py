@@ -105,6 +105,9 @@ class Stack:
     def airflow_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['airflow']}"
 
+    def url(self, name: str) -> str:
+        return {"s3": self.s3_url, "mlflow": self.mlflow_url, "airflow": self.airflow_url}[name]
+
     @property
     def airflow_home(self) -> Path:
         return self.state / "airflow"
@@ -236,7 +239,7 @@ class Stack:
         for name in order:
             svc = self._service(name)
             if self.running_pid(name) and _healthy(svc.health_url):
-                say(f"  {name:8s} already running  {svc.health_url.rsplit('/', 2)[0]}")
+                say(f"  {name:8s} already running  {self.url(name)}")
                 continue
             if name == "airflow":
                 self._prepare_airflow(svc.env, say)
@@ -308,12 +311,7 @@ class Stack:
         out = {}
         for name in ALL_SERVICES:
             svc = self._service(name)
-            out[name] = {
-                "pid": self.running_pid(name),
-                "healthy": _healthy(svc.health_url),
-                "url": svc.health_url.rsplit("/", 1)[0] if name == "s3" else
-                {"mlflow": self.mlflow_url, "airflow": self.airflow_url}[name],
-            }
+            out[name] = {"pid": self.running_pid(name), "healthy": _healthy(svc.health_url), "url": self.url(name)}
         return out
 
 
