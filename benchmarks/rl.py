@@ -10,6 +10,10 @@ through the sandbox in one batch). A "sample" is one completion generated, score
 headline ratio has our dynamic sampling off so that both sides train on every group; a second line shows our
 default (zero-variance groups skipped by the update, more groups drawn). The first step of each side is a
 warm-up and not timed.
+
+Timings on a shared 2-core machine wander by +-25% from run to run, so the sides run `--repeats` times,
+interleaved (ours, ours default, TRL, ours, ...), each from the same starting weights, and each side's best
+run is compared (as `timeit` does: noise only ever slows a run down); every run's figure is printed too.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import random
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -70,7 +75,7 @@ def bench_ours(model, tok, tasks, args, dynamic_sampling: bool = False) -> float
 
 def bench_trl(model, tok, tasks, args) -> float:
     from datasets import Dataset
-    from transformers import TrainerCallback
+    from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig as TRLConfig, GRPOTrainer
 
     from training.rewards import score_tasks
@@ -103,6 +108,7 @@ def bench_trl(model, tok, tasks, args) -> float:
         )
         trainer = GRPOTrainer(model=f"{out}/policy", reward_funcs=reward, args=config, train_dataset=data,
                               processing_class=tok, callbacks=[Clock()])
+        trainer.remove_callback(PrinterCallback)  # its end-of-training metrics dict is noise here
         trainer.train()
     timed = len(stamps) - 1  # step 1 is the warm-up
     return timed * args.prompts * args.k / (stamps[-1] - stamps[0])
@@ -113,15 +119,17 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=16, help="prompts per step")
     parser.add_argument("--k", type=int, default=8, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per side (after one warm-up)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per side (after one warm-up)")
     parser.add_argument("--beta", type=float, default=0.01)
     parser.add_argument("--sft-steps", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per side; the best counts")
     args = parser.parse_args()
 
     import torch
     import transformers
 
+    warnings.filterwarnings("ignore", category=FutureWarning)  # deprecations inside transformers/TRL
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     logging.getLogger("posttrain").setLevel(logging.WARNING)
@@ -135,16 +143,22 @@ def main() -> int:
           f"({time.perf_counter() - t:.1f}s); torch threads {torch.get_num_threads()}")
     print(f"setup: {args.prompts} prompts x {args.k} samples/step, max_new_tokens {args.max_new_tokens}, "
           f"beta {args.beta}, {args.steps} timed steps each, CPU")
-    ours = bench_ours(model, tok, tasks, args)
-    print(f"ours, like for like (every group trained):            {ours:8.1f} samples/s")
-    ours_ds = bench_ours(model, tok, tasks, args, dynamic_sampling=True)
-    print(f"ours, default (dynamic sampling: zero-variance groups  {ours_ds:8.1f} samples/s\n"
-          f"      are generated and scored, not trained)")
-    trl = bench_trl(model, tok, tasks, args)
     import trl as trl_mod
 
+    runs: dict[str, list[float]] = {"ours": [], "ours_ds": [], "trl": []}
+    for _ in range(args.repeats):
+        runs["ours"].append(bench_ours(model, tok, tasks, args))
+        runs["ours_ds"].append(bench_ours(model, tok, tasks, args, dynamic_sampling=True))
+        runs["trl"].append(bench_trl(model, tok, tasks, args))
+    ours, ours_ds, trl = (max(runs[k]) for k in ("ours", "ours_ds", "trl"))
+    each = {k: ", ".join(f"{v:.0f}" for v in vs) for k, vs in runs.items()}
+    print(f"best of {args.repeats} interleaved runs (each run: {each['ours']} | {each['ours_ds']} | {each['trl']})")
+    print(f"ours, like for like (every group trained):            {ours:8.1f} samples/s")
+    print(f"ours, default (dynamic sampling: zero-variance groups  {ours_ds:8.1f} samples/s\n"
+          f"      are generated and scored, not trained)")
     print(f"TRL {trl_mod.__version__} GRPOTrainer (use_vllm=False):          {trl:8.1f} samples/s")
-    print(f"ratio ours/TRL, like for like: {ours / trl:.2f}x (goal >= 2x)")
+    print(f"ratio ours/TRL, like for like: {ours / trl:.2f}x (goal >= 2x); "
+          f"run by run: {', '.join(f'{a / b:.2f}' for a, b in zip(runs['ours'], runs['trl']))}")
     print(f"ratio ours/TRL, default:       {ours_ds / trl:.2f}x")
     return 0
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from training import algorithms, checkpointing, models, storage
+from training.grpo_batches import PackedGroups, RolloutBatch, completion_logprobs, micro_batches
 from training.config import ConfigBase, load_config
 from training.rollout import Completion, make_engine
 from training.stage import StageContext, run_stage
@@ -64,8 +65,12 @@ class GRPOConfig(ConfigBase):
     loss_agg:           "token-mean" (DAPO token-level: every token weighs the same), "seq-mean-token-mean"
                         (original GRPO) or "seq-mean-token-sum".
     updates_per_batch:  optimizer passes over each rollout batch (GRPO's mu); 1 = strictly on-policy.
-    micro_batch_size:   sequences per forward/backward, grouped by length and padded per micro-batch
-                        (gradients accumulate across them; the loss equals the whole-batch loss); 0 = one.
+    micro_batch_size:   completions per forward/backward, whole groups, ordered by length and padded per
+                        micro-batch (gradients accumulate across them; the loss equals the whole-batch loss);
+                        0 = one micro-batch.
+    packed_groups:      lay each group out as one row (the prompt once, its completions back to back, a
+                        block attention mask) instead of one padded row per completion: ~3x fewer tokens
+                        through the model in the update (training.grpo_batches). Needs eager or sdpa attention.
     dynamic_sampling:   drop zero-variance groups and refill (DAPO); bounded by `max_sampling_batches`.
     min_informative:    fraction of prompts_per_step that must be informative groups before the update runs
                         (fewer after max_sampling_batches draws: update on what there is, or skip if none).
@@ -106,6 +111,7 @@ class GRPOConfig(ConfigBase):
     loss_agg: str = "token-mean"
     updates_per_batch: int = 1
     micro_batch_size: int = 64
+    packed_groups: bool = True
     dynamic_sampling: bool = True
     min_informative: float = 0.5
     max_sampling_batches: int = 3
@@ -189,109 +195,9 @@ def pick_prompts(pool: dict[str, dict[int, list[Task]]], counts: dict[str, int],
     return chosen
 
 
-# ----- tensors for the update ---------------------------------------------------------------------------------
-@dataclass
-class RolloutBatch:
-    input_ids: torch.Tensor  # (N, P+L) left-padded prompt, then right-padded completion
-    attention_mask: torch.Tensor  # (N, P+L)
-    completion_mask: torch.Tensor  # (N, L) 1 on completion tokens
-    prompt_len: int  # P
-    advantages: torch.Tensor  # (N,)
-    group_size: int = 1  # G > 1: rows come in groups of G sharing one prompt (computed once, see below)
-
-
-def build_batch(tokenizer: Any, prompts: list[str], completions: list[Completion], advantages: torch.Tensor,
-                device: torch.device, group_size: int = 1) -> RolloutBatch:
-    """prompts[i] is the prompt of completions[i]; with group_size G, rows i*G..i*G+G-1 share one prompt."""
-    pad = tokenizer.pad_token_id
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    L = max(1, max(len(c.token_ids) for c in completions))
-    comp = torch.full((len(completions), L), pad, dtype=torch.long)  # (N, L)
-    cmask = torch.zeros((len(completions), L), dtype=torch.long)  # (N, L)
-    for i, c in enumerate(completions):
-        comp[i, :len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
-        cmask[i, :len(c.token_ids)] = 1
-    return RolloutBatch(
-        input_ids=torch.cat([enc["input_ids"], comp], dim=1).to(device),  # (N, P+L)
-        attention_mask=torch.cat([enc["attention_mask"], cmask], dim=1).to(device),  # (N, P+L)
-        completion_mask=cmask.to(device),  # (N, L)
-        prompt_len=enc["input_ids"].shape[1],
-        advantages=advantages.to(device),  # (N,)
-        group_size=group_size,
-    )
-
-
-def completion_logprobs(model: Any, batch: RolloutBatch, temperature: float) -> torch.Tensor:
-    """log pi(token | prefix) of every completion token, at the sampling temperature. Returns (N, L).
-
-    With group_size G > 1 each prompt runs through the model once and its KV cache is repeated for the G
-    completions (prompts are ~3x longer than the tiny profile's completions, so this cuts the update's compute
-    by about that much); the result equals the plain forward over prompt+completion (tested).
-    """
-    scale = temperature if temperature > 0 else 1.0
-    P, G = batch.prompt_len, batch.group_size
-    if G > 1:
-        shared = _shared_prompt_logits(model, batch)
-        if shared is not None:
-            return algorithms.token_logprobs(shared, batch.input_ids[:, P:], scale)  # (N, L)
-    ids, attn = batch.input_ids, batch.attention_mask  # (N, P+L)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (N, P+L) positions as the rollout engine assigns them
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (N, P+L, V)
-    return algorithms.token_logprobs(logits[:, P - 1:-1], ids[:, P:], scale)  # (N, L)
-
-
-def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | None:
-    """Logits predicting each completion token, prompts computed once per group. None if the cache layout is
-    unknown (then the caller does the plain forward)."""
-    import inspect
-
-    P, G = batch.prompt_len, batch.group_size
-    p_ids, p_attn = batch.input_ids[::G, :P], batch.attention_mask[::G, :P]  # (B, P)
-    p_pos = (p_attn.cumsum(-1) - 1).clamp(min=0)  # (B, P)
-    out = model(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, use_cache=True)
-    from training.rollout.hf import cache_of
-
-    cache = cache_of(out)
-    if hasattr(cache, "layers") and all(hasattr(layer, "keys") for layer in cache.layers):
-        for layer in cache.layers:
-            layer.keys = layer.keys.repeat_interleave(G, dim=0)  # (B*G, H, P, d)
-            layer.values = layer.values.repeat_interleave(G, dim=0)  # (B*G, H, P, d)
-    elif hasattr(cache, "key_cache"):
-        cache.key_cache = [k.repeat_interleave(G, dim=0) for k in cache.key_cache]
-        cache.value_cache = [v.repeat_interleave(G, dim=0) for v in cache.value_cache]
-    else:
-        return None
-    c_ids = batch.input_ids[:, P:]  # (N, L)
-    L = c_ids.shape[1]
-    c_pos = p_pos[:, -1:].repeat_interleave(G, dim=0) + 1 + torch.arange(L, device=c_ids.device)  # (N, L)
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    rest = model(input_ids=c_ids, attention_mask=batch.attention_mask, position_ids=c_pos, use_cache=True,
-                 **{cache_kw: cache}).logits  # (N, L, V)
-    first = out.logits[:, -1:].repeat_interleave(G, dim=0)  # (N, 1, V) predicts completion token 0
-    return torch.cat([first, rest[:, :-1]], dim=1)  # (N, L, V)
-
-
-def micro_batches(tokenizer: Any, prompts: list[str], completions: list[Completion], advantages: torch.Tensor,
-                  device: torch.device, size: int, group_size: int) -> list[RolloutBatch]:
-    """Split a rollout batch (groups of `group_size` rows sharing a prompt) into micro-batches of about `size`
-    rows, whole groups only, ordered by length so each is padded only to its own longest sequence (completion
-    lengths vary ~10x across domains). advantages: (N,). The loss is a sum over rows, so order is free.
-    """
-    G = group_size
-    n_groups = len(prompts) // G
-    length = [len(tokenizer(prompts[g * G], add_special_tokens=False)["input_ids"])
-              + max(len(c.token_ids) for c in completions[g * G:(g + 1) * G]) for g in range(n_groups)]
-    order = sorted(range(n_groups), key=lambda g: (length[g], g))
-    per = max(1, (size or len(prompts)) // G)
-    out = []
-    for k in range(0, n_groups, per):
-        rows = [g * G + j for g in order[k:k + per] for j in range(G)]
-        out.append(build_batch(tokenizer, [prompts[i] for i in rows], [completions[i] for i in rows],
-                               advantages[rows], device, group_size=G))
-    return out
-
-
-def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer, chunks: list[RolloutBatch],
+# ----- the update ---------------------------------------------------------------------------------------------
+def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer,
+                  chunks: list[RolloutBatch] | list[PackedGroups],
                   cfg: GRPOConfig) -> dict[str, float]:
     """`updates_per_batch` optimizer steps on one rollout batch (as micro-batches); averaged loss statistics."""
     with torch.no_grad():
@@ -300,7 +206,7 @@ def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Opti
         old_logp = ([completion_logprobs(model, c, cfg.temperature) for c in chunks]
                     if cfg.updates_per_batch > 1 else None)  # [(n, L_c)]
     n_tokens = sum(c.completion_mask.sum() for c in chunks).clamp(min=1)
-    n_seqs = sum(c.input_ids.shape[0] for c in chunks)
+    n_seqs = sum(c.completion_mask.shape[0] for c in chunks)
     stats: dict[str, float] = defaultdict(float)
     for _ in range(cfg.updates_per_batch):
         optimizer.zero_grad(set_to_none=True)
@@ -313,7 +219,7 @@ def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Opti
                 beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.loss_agg,
                 kl_estimator=cfg.kl_estimator)
             # Micro-batches share one normaliser, so accumulation equals the whole-batch loss.
-            share = mask.sum() / n_tokens if cfg.loss_agg == "token-mean" else c.input_ids.shape[0] / n_seqs
+            share = mask.sum() / n_tokens if cfg.loss_agg == "token-mean" else c.completion_mask.shape[0] / n_seqs
             (loss * share).backward()
             for k, v in st.items():
                 stats[k] += float(v) * float(share) / cfg.updates_per_batch
@@ -445,10 +351,9 @@ class Round:
         if kept:
             rewards = torch.tensor([r for _, _, r in kept])  # (K, G)
             adv = algorithms.get_advantage(cfg.advantage)(rewards, normalize_std=cfg.normalize_std)  # (K, G)
-            comps = [c for _, g, _ in kept for c in g]
-            prompts = [t.prompt for t, _, _ in kept for _ in range(cfg.samples_per_prompt)]
-            chunks = micro_batches(self.tokenizer, prompts, comps, adv.flatten(), self.device, cfg.micro_batch_size,
-                                   cfg.samples_per_prompt)
+            chunks = micro_batches(self.tokenizer, [t.prompt for t, _, _ in kept], [g for _, g, _ in kept],
+                                   adv.flatten(), self.device, cfg.micro_batch_size, cfg.packed_groups,
+                                   next(self.model.parameters()).dtype)
             stats = policy_update(self.model, self.ref_model, self.optimizer, chunks, cfg)
             if cfg.rollout_engine != "hf":  # the hf engine samples from the trainer's own model object
                 self.engine.update_weights(self.model.state_dict())

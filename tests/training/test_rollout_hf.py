@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from training.rollout import Completion, RolloutEngine, make_engine
-from training.train_grpo import build_batch, completion_logprobs
+from training.grpo_batches import build_batch, completion_logprobs
 
 PROMPTS = ["Q: 12+3=? A:", "Extract age as JSON: Bob is 31.", "Q: 7+8=? A:"]
 
@@ -125,3 +125,29 @@ def test_shared_prompt_logprobs_equal_plain_forward(engine) -> None:
     gb = torch.autograd.grad((b * grouped.completion_mask).sum(), list(model.parameters()))
     for x, y in zip(ga, gb):
         torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+
+
+def test_loop_shares_the_prefill_and_still_equals_generate(tiny_model) -> None:
+    """The loop prefills each prompt once for all its samples; greedy samples equal transformers' generate,
+    which prefills every sample."""
+    model, tok = tiny_model
+    loop = make_engine("hf", model, tok, impl="loop", batch_size=4).generate(PROMPTS, 2, 8, temperature=0.0)
+    gen = make_engine("hf", model, tok, impl="generate").generate(PROMPTS, 2, 8, temperature=0.0)
+    for a, b in zip(loop, gen):
+        assert [c.token_ids for c in a] == [c.token_ids for c in b]
+        for x, y in zip(a, b):
+            torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4, rtol=1e-4)
+
+
+def test_inverse_cdf_sampling_matches_the_distribution() -> None:
+    from training.rollout.hf import _sample, _top_p
+
+    torch.manual_seed(0)
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    draws = _sample(probs.log().repeat(100_000, 1))  # (100000,)
+    freq = torch.bincount(draws, minlength=4).float() / len(draws)
+    # binomial sd at p=.6, n=1e5 is .0015: 5 sd
+    torch.testing.assert_close(freq, probs, atol=0.008, rtol=0.0)
+    assert int((draws == 1).sum()) == 0  # a zero-probability token is never drawn
+    nucleus = _top_p(torch.tensor([0.5, 0.3, 0.15, 0.05]).log().repeat(20_000, 1), 0.7)
+    assert set(_sample(nucleus).unique().tolist()) == {0, 1}

@@ -1,0 +1,100 @@
+"""How robust is the tiny profile's RL lift? Task set -> SFT -> 2 GRPO rounds for several seeds.
+
+    python benchmarks/lift_seeds.py                 # seeds 0-4, ~1.5 min each on 2 CPU cores
+    python benchmarks/lift_seeds.py --seeds 0 1 --set rl_round.steps=150
+
+Runs the stages exactly as `tests/training/test_tiny_pipeline.py` does (training/profiles.py TINY, every seed
+in all three stages), each seed in its own file:// run and SQLite MLflow store under a temporary folder, and
+prints greedy holdout pass@1 per domain for SFT and after each round, with the math lift and the worst drop
+of any other domain. Not part of `make bench` (it is a quality check, not a speed ratio, and takes minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def run_seed(seed: int, overrides: dict[str, dict], root: Path) -> dict[str, dict[str, float]]:
+    from training import stage
+    from training.config import from_dict
+    from training.profiles import TINY
+    from training.tasksets.stage import TasksetConfig, body as taskset_body
+    from training.train_grpo import GRPOConfig, run_round
+    from training.train_sft import SFTConfig, train
+
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / f'mlflow-{seed}.db'}"
+    run = f"file://{root / f'run-{seed}'}"
+    cfg = {k: {"seed": seed, **TINY[k], **overrides.get(k, {})} for k in ("taskset", "sft", "rl_round")}
+    with contextlib.redirect_stdout(io.StringIO()):  # the stages' POSTTRAIN_RESULT lines
+        stage.run_stage("taskset", from_dict(TasksetConfig, cfg["taskset"]), run, taskset_body)
+        stage.run_stage("sft", from_dict(SFTConfig, cfg["sft"]), run, train)
+        r1 = stage.run_stage("rl_round_1", from_dict(GRPOConfig, cfg["rl_round"]), run, lambda c: run_round(c, 1))
+        r2 = stage.run_stage("rl_round_2", from_dict(GRPOConfig, cfg["rl_round"]), run, lambda c: run_round(c, 2))
+    return {"sft": r1.summary["holdout_before"], "round1": r1.summary["holdout_after"],
+            "round2": r2.summary["holdout_after"]}
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        stage_name, _, field_name = key.partition(".")
+        if not field_name or stage_name not in ("taskset", "sft", "rl_round"):
+            raise SystemExit(f"--set {pair!r}: use taskset.FIELD=V, sft.FIELD=V or rl_round.FIELD=V")
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value
+        out.setdefault(stage_name, {})[field_name] = parsed
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--set", action="append", default=[], metavar="STAGE.FIELD=VALUE",
+                        help="override a TINY preset field, e.g. rl_round.steps=150 (JSON values)")
+    args = parser.parse_args()
+    overrides = parse_overrides(args.set)
+
+    import logging
+
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    logging.getLogger("posttrain").setLevel(logging.WARNING)
+    logging.getLogger("mlflow").setLevel(logging.ERROR)
+    print(f"tiny profile, seeds {args.seeds}, overrides {overrides or 'none'}")
+    print(f"{'seed':>4}  {'math sft':>8} {'r1':>6} {'r2':>6} {'lift':>6}  worst other-domain change  time")
+    lifts = []
+    with tempfile.TemporaryDirectory(prefix="posttrain-lift-") as tmp:
+        for seed in args.seeds:
+            t0 = time.perf_counter()
+            h = run_seed(seed, overrides, Path(tmp))
+            lift = h["round2"]["math"] - h["sft"]["math"]
+            others = {d: h["round2"][d] - h["sft"][d] for d in h["sft"] if d not in ("math", "all")}
+            worst = min(others, key=others.get)
+            lifts.append(lift)
+            print(f"{seed:>4}  {h['sft']['math']:8.3f} {h['round1']['math']:6.3f} {h['round2']['math']:6.3f} "
+                  f"{lift:+6.3f}  {worst} {others[worst]:+.3f}"
+                  f"{'' if others[worst] >= -0.01 else ' (drop > 1 pt)'}  {time.perf_counter() - t0:.0f}s",
+                  flush=True)
+    print(f"math lift: mean {sum(lifts) / len(lifts):+.3f}, min {min(lifts):+.3f}; "
+          f"{sum(x >= 0.10 for x in lifts)}/{len(lifts)} seeds >= +0.10")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The update's batch layouts: packed groups by hand, and packed = padded = plain forward (values and gradients)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from training.grpo_batches import PackedGroups, build_batch, completion_logprobs, micro_batches, pack_groups
+from training.rollout import make_engine
+from training.train_grpo import GRPOConfig, policy_update
+
+PROMPTS = ["Q: 12+3=? A:", "Extract age as JSON: Bob is 31.", "Q: 7+8=? A:"]
+
+
+def test_pack_groups_layout_by_hand() -> None:
+    # one group: prompt [5, 6], completions [7, 8] and [9]; pad 0
+    b = pack_groups([[5, 6]], [[[7, 8], [9]]], torch.tensor([1.0, -1.0]), pad=0, device=torch.device("cpu"))
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 9]]
+    assert b.position_ids.tolist() == [[0, 1, 2, 3, 2]]  # the second completion restarts after the prompt
+    assert b.row_of.tolist() == [0, 0]
+    # token 7 and token 9 are predicted by the prompt's last position (1); token 8 by position 2 (token 7)
+    assert b.predictor.tolist() == [[1, 2], [1, 0]]
+    assert b.completion_ids.tolist() == [[7, 8], [9, 0]] and b.completion_mask.tolist() == [[1, 1], [1, 0]]
+    allowed = (b.attention_mask[0, 0] == 0).int().tolist()
+    assert allowed == [[1, 0, 0, 0, 0],
+                       [1, 1, 0, 0, 0],
+                       [1, 1, 1, 0, 0],
+                       [1, 1, 1, 1, 0],
+                       [1, 1, 0, 0, 1]]  # 9 sees the prompt and itself, not the other completion
+
+
+def test_pack_groups_pads_rows_and_lets_padding_attend_to_itself() -> None:
+    b = pack_groups([[5], [6, 6]], [[[7], [8]], [[9], [9]]], torch.zeros(4), pad=0, device=torch.device("cpu"))
+    assert b.input_ids.tolist() == [[5, 7, 8, 0], [6, 6, 9, 9]]
+    assert b.row_of.tolist() == [0, 0, 1, 1]
+    assert (b.attention_mask[0, 0, 3] == 0).int().tolist() == [0, 0, 0, 1]  # no all-masked query row
+
+
+def _rollouts(engine, n: int = 3):
+    groups = engine.generate(PROMPTS, n, 8, temperature=1.0, seed=5)
+    return groups, [c for g in groups for c in g], [p for p in PROMPTS for _ in range(n)]
+
+
+@pytest.fixture
+def engine(tiny_model):
+    model, tok = tiny_model
+    return make_engine("hf", model, tok)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_packed_logprobs_and_gradients_equal_the_plain_forward(engine, temperature) -> None:
+    groups, comps, prompts = _rollouts(engine)
+    tok, model = engine.tokenizer, engine.model
+    plain = build_batch(tok, prompts, comps, torch.zeros(len(comps)), torch.device("cpu"))
+    packed = pack_groups(tok(PROMPTS, add_special_tokens=False)["input_ids"], [[c.token_ids for c in g] for g in groups],
+                         torch.zeros(len(comps)), tok.pad_token_id, torch.device("cpu"))
+    a = completion_logprobs(model, plain, temperature)  # (N, L)
+    b = completion_logprobs(model, packed, temperature)  # (N, L')
+    assert torch.equal(plain.completion_mask[:, :b.shape[1]], packed.completion_mask)
+    mask = packed.completion_mask.bool()
+    torch.testing.assert_close(a[:, :b.shape[1]][mask], b[mask], atol=1e-5, rtol=1e-5)
+    ga = torch.autograd.grad((a * plain.completion_mask).sum(), list(model.parameters()))
+    gb = torch.autograd.grad((b * packed.completion_mask).sum(), list(model.parameters()))
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+
+
+def test_update_is_the_same_packed_or_padded(engine) -> None:
+    """One optimizer step from the same weights: packed and padded micro-batches (different splits and orders)
+    give the same loss statistics and the same new weights."""
+    groups, comps, _ = _rollouts(engine, n=4)
+    adv = torch.randn(len(comps))
+    results = []
+    for packed in (True, False):
+        model = copy.deepcopy(engine.model).train()
+        ref = copy.deepcopy(engine.model).eval().requires_grad_(False)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        chunks = micro_batches(engine.tokenizer, PROMPTS, groups, adv, torch.device("cpu"), size=8, packed=packed)
+        assert all(isinstance(c, PackedGroups) == packed for c in chunks)
+        assert sum(c.completion_mask.shape[0] for c in chunks) == len(comps)
+        stats = policy_update(model, ref, opt, chunks, GRPOConfig(beta=0.05, updates_per_batch=1))
+        results.append((stats, [p.detach().clone() for p in model.parameters()]))
+    (s1, w1), (s2, w2) = results
+    assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-5) and s1["grad_norm"] == pytest.approx(s2["grad_norm"],
+                                                                                                 rel=1e-4)
+    for x, y in zip(w1, w2):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)

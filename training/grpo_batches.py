@@ -1,0 +1,206 @@
+"""Tensors for the GRPO update: rollout groups laid out for the policy and reference forward passes.
+
+A step's rollouts come in groups: G completions of one prompt. Two layouts give the same log-probs (tested):
+
+- packed (default): one row per group, the prompt once and then its G completions back to back, with a
+  block attention mask so that a completion sees the prompt and its own earlier tokens only, and positions
+  restarting after the prompt for every completion:
+
+      row:       p0 p1 p2 | a0 a1 a2 | b0 b1 | c0 ...
+      positions:  0  1  2 |  3  4  5 |  3  4 |  3 ...
+
+  Nothing is padded inside a group, and the prompt is computed once. RL completions vary ~10x in length
+  within a batch, so padding every completion to the longest cost the update about 3x its real tokens. The
+  4D mask needs an attention implementation that accepts one (eager or sdpa; not flash-attention-2).
+- padded: one row per completion, [left-padded prompt | right-padded completion]; with group_size G > 1 the
+  prompts run once and their KV cache is repeated for the G completions.
+
+`micro_batches` splits a step's groups into micro-batches of whole groups, ordered by length so each is
+padded only to its own longest row; `completion_logprobs` gives log pi(token | prefix) for either layout.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from training import algorithms
+from training.rollout import Completion
+
+
+@dataclass
+class RolloutBatch:
+    """Padded layout: row i is completion i after its prompt."""
+
+    input_ids: torch.Tensor  # (N, P+L) left-padded prompt, then right-padded completion
+    attention_mask: torch.Tensor  # (N, P+L)
+    completion_mask: torch.Tensor  # (N, L) 1 on completion tokens
+    prompt_len: int  # P
+    advantages: torch.Tensor  # (N,)
+    group_size: int = 1  # G > 1: rows come in groups of G sharing one prompt (computed once, see below)
+
+    @property
+    def completion_ids(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_len:]  # (N, L)
+
+
+@dataclass
+class PackedGroups:
+    """Packed layout: row r is group r (its prompt, then its completions); see the module docstring."""
+
+    input_ids: torch.Tensor  # (R, T)
+    position_ids: torch.Tensor  # (R, T)
+    attention_mask: torch.Tensor  # (R, 1, T, T) additive: 0 where a query may attend, dtype-min elsewhere
+    row_of: torch.Tensor  # (N,) the row holding completion i
+    predictor: torch.Tensor  # (N, L) the position whose logits predict completion token j (0 on padding)
+    completion_ids: torch.Tensor  # (N, L) right-padded
+    completion_mask: torch.Tensor  # (N, L) 1 on completion tokens
+    advantages: torch.Tensor  # (N,)
+
+
+def build_batch(tokenizer: Any, prompts: list[str], completions: list[Completion], advantages: torch.Tensor,
+                device: torch.device, group_size: int = 1) -> RolloutBatch:
+    """Padded layout. prompts[i] is the prompt of completions[i]; with group_size G, rows i*G..i*G+G-1 share
+    one prompt."""
+    pad = tokenizer.pad_token_id
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    comp, cmask = _right_padded([c.token_ids for c in completions], pad)  # (N, L) x2
+    return RolloutBatch(
+        input_ids=torch.cat([enc["input_ids"], comp], dim=1).to(device),  # (N, P+L)
+        attention_mask=torch.cat([enc["attention_mask"], cmask], dim=1).to(device),  # (N, P+L)
+        completion_mask=cmask.to(device),  # (N, L)
+        prompt_len=enc["input_ids"].shape[1],
+        advantages=advantages.to(device),  # (N,)
+        group_size=group_size,
+    )
+
+
+def pack_groups(prompt_ids: list[list[int]], groups: list[list[list[int]]], advantages: torch.Tensor, pad: int,
+                device: torch.device, dtype: torch.dtype = torch.float32) -> PackedGroups:
+    """Packed layout. prompt_ids[r]: token ids of group r's prompt; groups[r]: its completions' token ids;
+    advantages: (N,) in the same (group-major) order as the completions."""
+    lengths = [len(p) + sum(len(c) for c in g) for p, g in zip(prompt_ids, groups)]
+    R, T = len(groups), max(1, max(lengths))
+    ids = torch.full((R, T), pad, dtype=torch.long)  # (R, T)
+    pos = torch.zeros((R, T), dtype=torch.long)  # (R, T)
+    allowed = torch.zeros((R, T, T), dtype=torch.bool)  # (R, T, T) query x key
+    completions = [c for g in groups for c in g]
+    comp, cmask = _right_padded(completions, pad)  # (N, L) x2
+    row_of = torch.tensor([r for r, g in enumerate(groups) for _ in g], dtype=torch.long)  # (N,)
+    predictor = torch.zeros(comp.shape, dtype=torch.long)  # (N, L)
+    causal = torch.ones((T, T), dtype=torch.bool).tril()  # (T, T)
+    i = 0
+    for r, (prompt, group) in enumerate(zip(prompt_ids, groups)):
+        P = len(prompt)
+        ids[r, :P] = torch.tensor(prompt, dtype=torch.long)
+        pos[r, :P] = torch.arange(P)
+        allowed[r, :P, :P] = causal[:P, :P]
+        start = P
+        for c in group:
+            L = len(c)
+            end = start + L
+            ids[r, start:end] = torch.tensor(c, dtype=torch.long)
+            pos[r, start:end] = torch.arange(P, P + L)
+            allowed[r, start:end, :P] = True
+            allowed[r, start:end, start:end] = causal[:L, :L]
+            if L:
+                predictor[i, 0] = P - 1  # the prompt's last position predicts every completion's first token
+                predictor[i, 1:L] = torch.arange(start, end - 1)
+            start, i = end, i + 1
+        idle = torch.arange(start, T)
+        allowed[r, idle, idle] = True  # padding attends to itself: no all-masked rows (NaN in softmax)
+    mask = torch.zeros((R, 1, T, T), dtype=dtype).masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
+    return PackedGroups(input_ids=ids.to(device), position_ids=pos.to(device), attention_mask=mask.to(device),
+                        row_of=row_of.to(device), predictor=predictor.to(device), completion_ids=comp.to(device),
+                        completion_mask=cmask.to(device), advantages=advantages.to(device))
+
+
+def _right_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, L) ids padded with `pad` and (N, L) mask, L = the longest (at least 1)."""
+    L = max(1, max((len(s) for s in seqs), default=0))
+    ids = torch.full((len(seqs), L), pad, dtype=torch.long)  # (N, L)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)  # (N, L)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, :len(s)] = 1
+    return ids, mask
+
+
+def completion_logprobs(model: Any, batch: RolloutBatch | PackedGroups, temperature: float) -> torch.Tensor:
+    """log pi(token | prefix) of every completion token, at the sampling temperature. Returns (N, L).
+
+    Either layout equals the plain forward over [prompt | completion] (tested). In the padded layout with
+    group_size G > 1 each prompt runs once and its KV cache is repeated for the G completions.
+    """
+    scale = temperature if temperature > 0 else 1.0
+    if isinstance(batch, PackedGroups):
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids).logits  # (R, T, V)
+        predicting = logits[batch.row_of.unsqueeze(-1), batch.predictor]  # (N, L, V)
+        return algorithms.token_logprobs(predicting, batch.completion_ids, scale)  # (N, L)
+    P, G = batch.prompt_len, batch.group_size
+    if G > 1:
+        shared = _shared_prompt_logits(model, batch)
+        if shared is not None:
+            return algorithms.token_logprobs(shared, batch.input_ids[:, P:], scale)  # (N, L)
+    ids, attn = batch.input_ids, batch.attention_mask  # (N, P+L)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (N, P+L) positions as the rollout engine assigns them
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (N, P+L, V)
+    return algorithms.token_logprobs(logits[:, P - 1:-1], ids[:, P:], scale)  # (N, L)
+
+
+def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | None:
+    """Logits predicting each completion token, prompts computed once per group. None if the cache layout is
+    unknown (then the caller does the plain forward)."""
+    from training.rollout.hf import cache_of
+
+    P, G = batch.prompt_len, batch.group_size
+    p_ids, p_attn = batch.input_ids[::G, :P], batch.attention_mask[::G, :P]  # (B, P)
+    p_pos = (p_attn.cumsum(-1) - 1).clamp(min=0)  # (B, P)
+    out = model(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, use_cache=True)
+    cache = cache_of(out)
+    if hasattr(cache, "layers") and all(hasattr(layer, "keys") for layer in cache.layers):
+        for layer in cache.layers:
+            layer.keys = layer.keys.repeat_interleave(G, dim=0)  # (B*G, H, P, d)
+            layer.values = layer.values.repeat_interleave(G, dim=0)  # (B*G, H, P, d)
+    elif hasattr(cache, "key_cache"):
+        cache.key_cache = [k.repeat_interleave(G, dim=0) for k in cache.key_cache]
+        cache.value_cache = [v.repeat_interleave(G, dim=0) for v in cache.value_cache]
+    else:
+        return None
+    c_ids = batch.input_ids[:, P:]  # (N, L)
+    L = c_ids.shape[1]
+    c_pos = p_pos[:, -1:].repeat_interleave(G, dim=0) + 1 + torch.arange(L, device=c_ids.device)  # (N, L)
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    rest = model(input_ids=c_ids, attention_mask=batch.attention_mask, position_ids=c_pos, use_cache=True,
+                 **{cache_kw: cache}).logits  # (N, L, V)
+    first = out.logits[:, -1:].repeat_interleave(G, dim=0)  # (N, 1, V) predicts completion token 0
+    return torch.cat([first, rest[:, :-1]], dim=1)  # (N, L, V)
+
+
+def micro_batches(tokenizer: Any, prompts: list[str], groups: list[list[Completion]], advantages: torch.Tensor,
+                  device: torch.device, size: int, packed: bool = True,
+                  dtype: torch.dtype = torch.float32) -> list[RolloutBatch] | list[PackedGroups]:
+    """Split a step's groups (prompts[g] with its completions groups[g]; advantages (N,) group-major) into
+    micro-batches of about `size` completions (0 = one micro-batch), whole groups only, ordered by length so
+    each is padded only to its own longest row. The loss is a sum over completions, so order is free."""
+    G = len(groups[0])
+    prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    tokens = [[c.token_ids for c in g] for g in groups]
+    length = [len(p) + (sum(map(len, t)) if packed else max(map(len, t))) for p, t in zip(prompt_ids, tokens)]
+    order = sorted(range(len(groups)), key=lambda g: (length[g], g))
+    per = max(1, (size or G * len(groups)) // G)
+    out: list[Any] = []
+    for k in range(0, len(groups), per):
+        chosen = order[k:k + per]
+        adv = advantages[[g * G + j for g in chosen for j in range(G)]]
+        if packed:
+            out.append(pack_groups([prompt_ids[g] for g in chosen], [tokens[g] for g in chosen], adv,
+                                   tokenizer.pad_token_id, device, dtype))
+        else:
+            out.append(build_batch(tokenizer, [prompts[g] for g in chosen for _ in range(G)],
+                                   [c for g in chosen for c in groups[g]], adv, device, group_size=G))
+    return out
