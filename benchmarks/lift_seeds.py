@@ -65,24 +65,30 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--set", action="append", default=[], metavar="STAGE.FIELD=VALUE",
                         help="override a TINY preset field, e.g. rl_round.steps=150 (JSON values)")
+    parser.add_argument("--keep", type=Path, help="keep the runs (file:// stages, MLflow SQLite) in this folder")
     args = parser.parse_args()
     overrides = parse_overrides(args.set)
 
     import logging
 
+    import mlflow  # noqa: F401 - configures its loggers on import; quieten them after
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     logging.getLogger("posttrain").setLevel(logging.WARNING)
-    logging.getLogger("mlflow").setLevel(logging.ERROR)
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("training").setLevel(logging.WARNING)
     print(f"tiny profile, seeds {args.seeds}, overrides {overrides or 'none'}")
     print(f"{'seed':>4}  {'math sft':>8} {'r1':>6} {'r2':>6} {'lift':>6}  worst other-domain change  time")
     lifts = []
     with tempfile.TemporaryDirectory(prefix="posttrain-lift-") as tmp:
+        root = args.keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
         for seed in args.seeds:
             t0 = time.perf_counter()
-            h = run_seed(seed, overrides, Path(tmp))
+            h = run_seed(seed, overrides, root)
             lift = h["round2"]["math"] - h["sft"]["math"]
             others = {d: h["round2"][d] - h["sft"][d] for d in h["sft"] if d not in ("math", "all")}
             worst = min(others, key=others.get)

@@ -121,8 +121,8 @@ def fit_prompt(tokenizer: Any, text: str, max_tokens: int | None) -> str:
 def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: list[bool],
                 cfg: EvalConfig, tokenizer: Any = None, max_context: int | None = None) -> dict[int, int]:
     """{task index: turn it first passed at} for code tasks that failed greedily and were repaired."""
-    from sandbox import Job, TestCase, run_batch
-    from training.rewards.code import assemble_program
+    from sandbox import run_batch
+    from training.rewards.code import code_job
 
     current = {i: completions[i] for i, t in enumerate(tasks) if t.verifier == "code" and not passed[i]}
     repaired: dict[int, int] = {}
@@ -130,12 +130,13 @@ def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: 
         if not current:
             break
         idx = sorted(current)
-        verdicts = run_batch([Job(assemble_program(current[i], tasks[i].metadata),
-                                  [TestCase.from_dict(c, f"tests[{k}]") for k, c in enumerate(tasks[i].tests)],
-                                  id=tasks[i].id) for i in idx])
+        jobs = {i: code_job(current[i], tasks[i].tests, tasks[i].metadata, tasks[i].id) for i in idx}
+        runnable = [i for i in idx if jobs[i] is not None]
+        errors = {i: "no code to run" for i in idx}  # an empty completion (or no usable tests)
+        errors.update({i: v.detail or v.stderr or v.status.value
+                       for i, v in zip(runnable, run_batch([jobs[i] for i in runnable]))})
         budget = max_context - cfg.max_new_tokens if max_context else None
-        prompts = [fit_prompt(tokenizer, _repair_prompt(tasks[i], current[i], v.detail or v.stderr or v.status.value),
-                              budget) for i, v in zip(idx, verdicts)]
+        prompts = [fit_prompt(tokenizer, _repair_prompt(tasks[i], current[i], errors[i]), budget) for i in idx]
         retry = [o[0].text for o in engine.generate(prompts, 1, cfg.max_new_tokens, temperature=0.0,
                                                      seed=cfg.seed + turn)]
         from training.rewards import score_tasks

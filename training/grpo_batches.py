@@ -155,21 +155,15 @@ def completion_logprobs(model: Any, batch: RolloutBatch | PackedGroups, temperat
 def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | None:
     """Logits predicting each completion token, prompts computed once per group. None if the cache layout is
     unknown (then the caller does the plain forward)."""
-    from training.rollout.hf import cache_of
+    from training.rollout.hf import cache_of, select_cache_rows
 
     P, G = batch.prompt_len, batch.group_size
     p_ids, p_attn = batch.input_ids[::G, :P], batch.attention_mask[::G, :P]  # (B, P)
     p_pos = (p_attn.cumsum(-1) - 1).clamp(min=0)  # (B, P)
     out = model(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, use_cache=True)
     cache = cache_of(out)
-    if hasattr(cache, "layers") and all(hasattr(layer, "keys") for layer in cache.layers):
-        for layer in cache.layers:
-            layer.keys = layer.keys.repeat_interleave(G, dim=0)  # (B*G, H, P, d)
-            layer.values = layer.values.repeat_interleave(G, dim=0)  # (B*G, H, P, d)
-    elif hasattr(cache, "key_cache"):
-        cache.key_cache = [k.repeat_interleave(G, dim=0) for k in cache.key_cache]
-        cache.value_cache = [v.repeat_interleave(G, dim=0) for v in cache.value_cache]
-    else:
+    # each prompt's keys/values repeated for its G completions: (B*G, H, P, d) per layer
+    if not select_cache_rows(cache, torch.arange(p_ids.shape[0], device=p_ids.device).repeat_interleave(G)):
         return None
     c_ids = batch.input_ids[:, P:]  # (N, L)
     L = c_ids.shape[1]
@@ -179,6 +173,11 @@ def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | Non
                  **{cache_kw: cache}).logits  # (N, L, V)
     first = out.logits[:, -1:].repeat_interleave(G, dim=0)  # (N, 1, V) predicts completion token 0
     return torch.cat([first, rest[:, :-1]], dim=1)  # (N, L, V)
+
+
+def takes_4d_mask(model: Any) -> bool:
+    """Whether the model's attention accepts the packed layout's 4D mask (flash-attention kernels do not)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) in (None, "eager", "sdpa")
 
 
 def micro_batches(tokenizer: Any, prompts: list[str], groups: list[list[Completion]], advantages: torch.Tensor,

@@ -32,7 +32,8 @@ from typing import Any
 import torch
 
 from training import algorithms, checkpointing, models, storage
-from training.grpo_batches import PackedGroups, RolloutBatch, completion_logprobs, micro_batches
+from training.grpo_batches import (PackedGroups, RolloutBatch, completion_logprobs, micro_batches,
+                                   takes_4d_mask)
 from training.config import ConfigBase, load_config
 from training.rollout import Completion, make_engine
 from training.stage import StageContext, run_stage
@@ -352,8 +353,8 @@ class Round:
             rewards = torch.tensor([r for _, _, r in kept])  # (K, G)
             adv = algorithms.get_advantage(cfg.advantage)(rewards, normalize_std=cfg.normalize_std)  # (K, G)
             chunks = micro_batches(self.tokenizer, [t.prompt for t, _, _ in kept], [g for _, g, _ in kept],
-                                   adv.flatten(), self.device, cfg.micro_batch_size, cfg.packed_groups,
-                                   next(self.model.parameters()).dtype)
+                                   adv.flatten(), self.device, cfg.micro_batch_size,
+                                   cfg.packed_groups and takes_4d_mask(self.model), next(self.model.parameters()).dtype)
             stats = policy_update(self.model, self.ref_model, self.optimizer, chunks, cfg)
             if cfg.rollout_engine != "hf":  # the hf engine samples from the trainer's own model object
                 self.engine.update_weights(self.model.state_dict())

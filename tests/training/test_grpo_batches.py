@@ -87,3 +87,15 @@ def test_update_is_the_same_packed_or_padded(engine) -> None:
                                                                                                  rel=1e-4)
     for x, y in zip(w1, w2):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+
+
+def test_packed_layout_only_for_attention_that_takes_a_4d_mask(tiny_model) -> None:
+    from training.grpo_batches import takes_4d_mask
+
+    model, _ = tiny_model
+    assert takes_4d_mask(model)  # sdpa
+    model.config._attn_implementation = "flash_attention_2"
+    try:
+        assert not takes_4d_mask(model)
+    finally:
+        model.config._attn_implementation = "sdpa"

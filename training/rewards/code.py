@@ -45,6 +45,21 @@ def assemble_program(completion: str, metadata: dict[str, Any] | None = None) ->
     return str(meta.get("program_prefix", "")) + extract_program(completion) + str(meta.get("program_suffix", ""))
 
 
+def code_job(completion: str, tests: Any, metadata: Any, job_id: str, limits: Any = None) -> Any:
+    """The sandbox Job checking one completion against its task's tests (stored objects or their JSON text).
+    None when nothing can be verified: an empty completion, no tests, or malformed tests."""
+    if not completion.strip():
+        return None
+    from sandbox import Job, TestCase
+
+    try:
+        cases = [TestCase.from_dict(t, f"tests[{k}]") for k, t in enumerate(_as_obj(tests, []))]
+        meta = _as_obj(metadata, {})
+    except (ValueError, TypeError):
+        return None
+    return Job(assemble_program(completion, meta), cases, limits, id=job_id) if cases else None
+
+
 @register_reward("code")
 def code_reward(prompts: Sequence[str], completions: Sequence[str], *, tests: Sequence[Any] | None = None,
                 metadata: Sequence[Any] | None = None, verifier: Sequence[str] | None = None,
@@ -59,21 +74,12 @@ def code_reward(prompts: Sequence[str], completions: Sequence[str], *, tests: Se
         if verifier is not None and verifier[i] != "code":
             continue
         out[i] = 0.0
-        if not completions[i].strip():
-            continue
-        try:
-            from sandbox import Job, TestCase
-
-            cases = [TestCase.from_dict(t, f"tests[{k}]")
-                     for k, t in enumerate(_as_obj(tests[i] if tests is not None else None, []))]
-            meta = _as_obj(metadata[i] if metadata is not None else None, {})
-        except (ValueError, TypeError):  # malformed tests cannot verify anything: no reward
-            continue
-        if not cases:
-            continue
-        job_id = f"{id[i] if id is not None else 'row'}#{i}"
-        jobs.append(Job(assemble_program(completions[i], meta), cases, limits, id=job_id))
-        rows.append(i)
+        job = code_job(completions[i], tests[i] if tests is not None else None,
+                       metadata[i] if metadata is not None else None, f"{id[i] if id is not None else 'row'}#{i}",
+                       limits)
+        if job is not None:
+            jobs.append(job)
+            rows.append(i)
     if jobs:
         from sandbox import Status, run_batch
 

@@ -104,7 +104,7 @@ class HFRolloutEngine:
         past, logits, next_pos = cache_of(out), out.logits[:, -1], pos[:, -1] + 1  # (B, V), (B,)
         if n_samples > 1:
             rows = torch.arange(ids.shape[0], device=dev).repeat_interleave(n_samples)  # (N,)
-            if _select_cache_rows(past, rows):
+            if select_cache_rows(past, rows):
                 logits, attn, next_pos = logits[rows], attn[rows], next_pos[rows]
             else:  # unknown cache layout: prefill every sample
                 ids, attn, pos = ids[rows], attn[rows], pos[rows]
@@ -127,7 +127,7 @@ class HFRolloutEngine:
                 break
             if not bool(running.all()):  # drop finished rows from the batch and the KV cache
                 keep = torch.nonzero(running).squeeze(-1)  # (A',)
-                if not _select_cache_rows(past, keep):
+                if not select_cache_rows(past, keep):
                     keep = None
                 if keep is not None:
                     active, tok, attn, next_pos = active[keep], tok[keep], attn[keep], next_pos[keep]
@@ -143,8 +143,8 @@ def cache_of(out: Any) -> Any:
     return out["cache"] if "cache" in out else out.past_key_values
 
 
-def _select_cache_rows(cache: Any, rows: torch.Tensor) -> bool:
-    """Keep only `rows` of a KV cache, in place. False (cache untouched) for a layout we do not know."""
+def select_cache_rows(cache: Any, rows: torch.Tensor) -> bool:
+    """Keep (or repeat) `rows` of a KV cache, in place. False (cache untouched) for a layout we do not know."""
     if hasattr(cache, "layers") and all(hasattr(layer, "keys") for layer in cache.layers):
         for layer in cache.layers:
             layer.keys = layer.keys.index_select(0, rows)  # (A', H, T, d)
