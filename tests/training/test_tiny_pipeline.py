@@ -6,10 +6,12 @@ checkpoint's, and no domain's holdout pass@1 drops by more than 1 point.
 How the settings were chosen (measured on 2 shared CPU cores, see the PR report):
 - math difficulties 1-2 (one-digit sums; two-digit +/- one-digit): learnable by a 0.47M-parameter GPT-2 in a
   few hundred steps; code/extraction at the same levels are near-saturated by SFT and must not regress.
-- SFT is stopped early (200 steps) at a constant LR (min_lr_ratio=1): "under-trained" so that RL has headroom;
-  its greedy arithmetic pass@1 is ~25-30% while pass@8 is ~60-80%.
+- SFT is stopped at 300 steps at a constant LR (min_lr_ratio=1): short of converged, so RL has headroom; its
+  greedy arithmetic pass@1 is 18-70% depending on the seed (65.6% for seed 0). At 200 steps it was 7-40%,
+  too weak for RL to find correct samples on some seeds.
 - RL: 32 prompts x 8 samples, lr 2e-4 (15x below SFT's), beta 0.01 (k3 KL to SFT), math-heavy
-  domain mix 0.8/0.1/0.1 with the other domains kept in the mix so they do not drift, 100 steps per round.
+  domain mix 0.8/0.1/0.1 with the other domains kept in the mix so they do not drift, 150 steps per round.
+- `python benchmarks/lift_seeds.py` runs this for seeds 0-4 (see training/profiles.py for the figures).
 """
 
 from __future__ import annotations
