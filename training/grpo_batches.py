@@ -139,8 +139,10 @@ def completion_logprobs(model: Any, batch: RolloutBatch | PackedGroups, temperat
     if isinstance(batch, PackedGroups):
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                        position_ids=batch.position_ids).logits  # (R, T, V)
-        predicting = logits[batch.row_of.unsqueeze(-1), batch.predictor]  # (N, L, V)
-        return algorithms.token_logprobs(predicting, batch.completion_ids, scale)  # (N, L)
+        # Normalise per position (R*T rows), then pick (row, predicting position, token): never materialises
+        # the (N, L, V) logits of every completion, which is ~3x larger (prompts' last position is shared).
+        logp = torch.log_softmax(logits.float() / scale, dim=-1)  # (R, T, V)
+        return logp[batch.row_of.unsqueeze(-1), batch.predictor, batch.completion_ids]  # (N, L)
     P, G = batch.prompt_len, batch.group_size
     if G > 1:
         shared = _shared_prompt_logits(model, batch)

@@ -64,6 +64,26 @@ def test_code_reward_runs_one_batch_in_sandbox(monkeypatch) -> None:
 
 
 @needs_sandbox
+def test_code_that_does_not_parse_scores_zero_without_a_sandbox_run(monkeypatch) -> None:
+    import sandbox
+
+    sent = []
+    real = sandbox.run_batch
+
+    def spy(jobs, **kw):
+        sent.extend(job.program for job in jobs)
+        return real(jobs, **kw)
+
+    monkeypatch.setattr(sandbox, "run_batch", spy)
+    tests = [{"call": "f(2)", "expected": 5}]
+    completions = ["def f(x) return x+3", "(" * 5000 + "1", "def f(x):\n    return x+3\x00", '{")*9',
+                   "def f(x): return x+3"]
+    out = code_reward(["p"] * 5, completions, tests=[tests] * 5, verifier=["code"] * 5)
+    assert out == [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert sent == ["def f(x): return x+3"]  # only the program that parses was run
+
+
+@needs_sandbox
 def test_generated_references_pass_their_own_verifiers() -> None:
     """Every domain's reference completion scores 1.0 (code through the sandbox), and a wrong one 0.0."""
     tasks = generate("math", 10, 3) + generate("code", 15, 3) + generate("extraction", 10, 3)

@@ -14,6 +14,7 @@ program ran and its value compared on the host. The reward is 1.0 only when the 
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from typing import Any, Sequence
@@ -45,6 +46,17 @@ def assemble_program(completion: str, metadata: dict[str, Any] | None = None) ->
     return str(meta.get("program_prefix", "")) + extract_program(completion) + str(meta.get("program_suffix", ""))
 
 
+def parses(program: str) -> bool:
+    """Whether `program` is syntactically valid Python. A program that is not cannot pass its tests, so the
+    reward skips its sandbox run (early in RL most sampled programs are like that). `ast.parse` only parses:
+    no code runs and no constant folding happens on the host; CPython bounds nesting depth itself."""
+    try:
+        ast.parse(program)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # ValueError: null bytes (Python < 3.12)
+        return False
+    return True
+
+
 def code_job(completion: str, tests: Any, metadata: Any, job_id: str, limits: Any = None) -> Any:
     """The sandbox Job checking one completion against its task's tests (stored objects or their JSON text).
     None when nothing can be verified: an empty completion, no tests, or malformed tests."""
@@ -66,7 +78,8 @@ def code_reward(prompts: Sequence[str], completions: Sequence[str], *, tests: Se
                 id: Sequence[str] | None = None, concurrency: int | None = None, limits: Any = None,
                 **_: Any) -> list[float | None]:
     """1.0 when the assembled program passes all of its tests in the sandbox. All runnable rows of the call
-    go to one `sandbox.run_batch`. None for rows of another verifier."""
+    go to one `sandbox.run_batch` (a program that does not parse is 0.0 without a run). None for rows of
+    another verifier."""
     n = len(completions)
     out: list[float | None] = [None] * n
     jobs, rows = [], []
@@ -77,7 +90,7 @@ def code_reward(prompts: Sequence[str], completions: Sequence[str], *, tests: Se
         job = code_job(completions[i], tests[i] if tests is not None else None,
                        metadata[i] if metadata is not None else None, f"{id[i] if id is not None else 'row'}#{i}",
                        limits)
-        if job is not None:
+        if job is not None and parses(job.program):
             jobs.append(job)
             rows.append(i)
     if jobs:
