@@ -1,6 +1,6 @@
 """How robust is the tiny profile's RL lift? Task set -> SFT -> 2 GRPO rounds for several seeds.
 
-    python benchmarks/lift_seeds.py                 # seeds 0-4, ~1.5 min each on 2 CPU cores
+    python benchmarks/lift_seeds.py                 # seeds 0-4, ~2.5 min each on 2 CPU cores
     python benchmarks/lift_seeds.py --seeds 0 1 --set rl_round.steps=150
 
 Runs the stages exactly as `tests/training/test_tiny_pipeline.py` does (training/profiles.py TINY, every seed
