@@ -164,7 +164,7 @@ class Stack:
                 start_timeout_s=60,
             )
         if name == "mlflow":
-            db = self.state / "mlflow" / "mlflow.db"
+            db = self.mlflow_db
             db.parent.mkdir(parents=True, exist_ok=True)
             return Service(
                 "mlflow",
@@ -249,10 +249,31 @@ class Stack:
                 if not self.running_pid(companion):
                     self._launch(companion, argv, svc.env)
             self._wait_healthy(svc)
+            say(f"  {name:8s} up  (logs: {self.log_dir / (name + '.log')})")
             if name == "s3":
                 self._create_buckets()
-            say(f"  {name:8s} up  (logs: {self.log_dir / (name + '.log')})")
+                if self._reset_mlflow(say) and "mlflow" not in order:
+                    order.append("mlflow")  # it was running on the old S3: bring it back, on the new one
         self._write_env_file()
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.state / "mlflow" / "mlflow.db"
+
+    def _reset_mlflow(self, say) -> bool:
+        """moto keeps S3 in memory, so a newly started S3 is empty. MLflow's store must start over with it: its
+        artifacts, and the checkpoints its registered model versions (the champion) point at, were in S3, and
+        a store that outlived them would send the next pipeline run to a checkpoint that no longer exists.
+        The old database is kept beside, renamed. True when MLflow was running (it is stopped)."""
+        was_running = self.running_pid("mlflow") is not None
+        if was_running:
+            self.down(only=("mlflow",), quiet=True)
+        if self.mlflow_db.exists():
+            kept = self.mlflow_db.with_name(f"mlflow.db.before-s3-restart-{time.strftime('%Y%m%d-%H%M%S')}")
+            self.mlflow_db.rename(kept)
+            say(f"  mlflow   S3 started empty (moto keeps it in memory), so MLflow starts over too; "
+                f"old store kept at {kept}")
+        return was_running
 
     def _prepare_airflow(self, env: dict[str, str], say) -> None:
         self.airflow_home.mkdir(parents=True, exist_ok=True)

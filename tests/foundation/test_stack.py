@@ -115,3 +115,32 @@ def test_down_ignores_recycled_pid(tmp_path: Path) -> None:
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_fresh_s3_starts_mlflow_over(tmp_path: Path) -> None:
+    """moto keeps S3 in memory: when S3 restarts empty, MLflow (whose artifacts and registered checkpoints
+    were in it) restarts with a fresh store, the old one kept; a champion alias never outlives its checkpoint."""
+    from mlflow import MlflowClient
+
+    stack = Stack(tmp_path / "state", {"s3": free_port(), "mlflow": free_port()})
+    try:
+        stack.up(("s3", "mlflow"), quiet=True)
+        client = MlflowClient(stack.mlflow_url)
+        client.create_registered_model("tiny")
+        version = client.create_model_version("tiny", "s3://posttrain/runs/r1/rl_round_2")
+        client.set_registered_model_alias("tiny", "champion", version.version)
+        mlflow_pid = stack.running_pid("mlflow")
+
+        stack.down(only=("s3",), quiet=True)  # S3 gone (as after a reboot); MLflow still up
+        stack.up(("s3",), quiet=True)  # only S3 asked for: MLflow, which was running, comes back too
+        assert stack.running_pid("mlflow") not in (None, mlflow_pid)
+        assert client.search_registered_models() == []
+        kept = list((tmp_path / "state" / "mlflow").glob("mlflow.db.before-s3-restart-*"))
+        assert len(kept) == 1 and stack.mlflow_db.exists()
+
+        pid = stack.running_pid("mlflow")
+        stack.up(("s3", "mlflow"), quiet=True)  # S3 still up: nothing is reset
+        assert stack.running_pid("mlflow") == pid
+        assert len(list((tmp_path / "state" / "mlflow").glob("mlflow.db.before-s3-restart-*"))) == 1
+    finally:
+        stack.down(quiet=True)
