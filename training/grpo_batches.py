@@ -42,10 +42,6 @@ class RolloutBatch:
     advantages: torch.Tensor  # (N,)
     group_size: int = 1  # G > 1: rows come in groups of G sharing one prompt (computed once, see below)
 
-    @property
-    def completion_ids(self) -> torch.Tensor:
-        return self.input_ids[:, self.prompt_len:]  # (N, L)
-
 
 @dataclass
 class PackedGroups:

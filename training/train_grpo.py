@@ -32,9 +32,9 @@ from typing import Any
 import torch
 
 from training import algorithms, checkpointing, models, storage
+from training.config import ConfigBase, load_config
 from training.grpo_batches import (PackedGroups, RolloutBatch, completion_logprobs, micro_batches,
                                    takes_4d_mask)
-from training.config import ConfigBase, load_config
 from training.rollout import Completion, make_engine
 from training.stage import StageContext, run_stage
 from training.tasksets.schema import Task
