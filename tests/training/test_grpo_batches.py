@@ -54,8 +54,9 @@ def test_packed_logprobs_and_gradients_equal_the_plain_forward(engine, temperatu
     groups, comps, prompts = _rollouts(engine)
     tok, model = engine.tokenizer, engine.model
     plain = build_batch(tok, prompts, comps, torch.zeros(len(comps)), torch.device("cpu"))
-    packed = pack_groups(tok(PROMPTS, add_special_tokens=False)["input_ids"], [[c.token_ids for c in g] for g in groups],
-                         torch.zeros(len(comps)), tok.pad_token_id, torch.device("cpu"))
+    prompt_ids = tok(PROMPTS, add_special_tokens=False)["input_ids"]
+    packed = pack_groups(prompt_ids, [[c.token_ids for c in g] for g in groups], torch.zeros(len(comps)),
+                         tok.pad_token_id, torch.device("cpu"))
     a = completion_logprobs(model, plain, temperature)  # (N, L)
     b = completion_logprobs(model, packed, temperature)  # (N, L')
     assert torch.equal(plain.completion_mask[:, :b.shape[1]], packed.completion_mask)

@@ -92,8 +92,8 @@ class HFRolloutEngine:
         scale = 1.0 if greedy else temperature
         return seq, torch.log_softmax(logits / scale, dim=-1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)  # (N, L)
 
-    def _decode(self, ids: torch.Tensor, attn: torch.Tensor, n_samples: int, max_new_tokens: int,
-                temperature: float, top_p: float, greedy: bool, eos: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode(self, ids: torch.Tensor, attn: torch.Tensor, n_samples: int, max_new_tokens: int, temperature: float,
+                top_p: float, greedy: bool, eos: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill each prompt once, repeat its KV cache for its samples, then one cached forward per new token.
         ids, attn: (B, P) distinct prompts. Returns (N, L) tokens and log-probs, N = B * n_samples, prompt-major."""
         dev = ids.device
