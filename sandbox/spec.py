@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Sequence
 
 
@@ -69,12 +69,13 @@ class Limits:
     max_result_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
+        for name, value in self.to_dict().items():
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive number, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Flat numbers only: `asdict`'s recursive deep copy cost more than the rest of a job's host-side work.
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Limits:
@@ -82,6 +83,9 @@ class Limits:
         if unknown:
             raise ValueError(f"unknown Limits field(s) {sorted(unknown)}; allowed: {sorted(cls.__dataclass_fields__)}")
         return cls(**data)
+
+
+DEFAULT_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,7 @@ class Job:
 
     @property
     def effective_limits(self) -> Limits:
-        return self.limits or Limits()
+        return self.limits or DEFAULT_LIMITS
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "program": self.program, "tests": [t.to_dict() for t in self.tests]}
