@@ -21,7 +21,6 @@ padded only to its own longest row; `completion_logprobs` gives log pi(token | p
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,7 +152,7 @@ def completion_logprobs(model: Any, batch: RolloutBatch | PackedGroups, temperat
 def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | None:
     """Logits predicting each completion token, prompts computed once per group. None if the cache layout is
     unknown (then the caller does the plain forward)."""
-    from training.rollout.hf import cache_of, select_cache_rows
+    from training.rollout.hf import cache_kwarg, cache_of, select_cache_rows
 
     P, G = batch.prompt_len, batch.group_size
     p_ids, p_attn = batch.input_ids[::G, :P], batch.attention_mask[::G, :P]  # (B, P)
@@ -166,9 +165,8 @@ def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | Non
     c_ids = batch.input_ids[:, P:]  # (N, L)
     L = c_ids.shape[1]
     c_pos = p_pos[:, -1:].repeat_interleave(G, dim=0) + 1 + torch.arange(L, device=c_ids.device)  # (N, L)
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     rest = model(input_ids=c_ids, attention_mask=batch.attention_mask, position_ids=c_pos, use_cache=True,
-                 **{cache_kw: cache}).logits  # (N, L, V)
+                 **{cache_kwarg(model): cache}).logits  # (N, L, V)
     first = out.logits[:, -1:].repeat_interleave(G, dim=0)  # (N, 1, V) predicts completion token 0
     return torch.cat([first, rest[:, :-1]], dim=1)  # (N, L, V)
 

@@ -98,8 +98,7 @@ class HFRolloutEngine:
         ids, attn: (B, P) distinct prompts. Returns (N, L) tokens and log-probs, N = B * n_samples, prompt-major."""
         dev = ids.device
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, P) positions as in training
-        # transformers 5.x renamed `past_key_values` to `cache` (the old name warns until 5.40).
-        cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        cache_kw = cache_kwarg(self.model)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
         past, logits, next_pos = cache_of(out), out.logits[:, -1], pos[:, -1] + 1  # (B, V), (B,)
         if n_samples > 1:
@@ -136,6 +135,12 @@ class HFRolloutEngine:
                              use_cache=True, **{cache_kw: past})
             past, logits, next_pos = cache_of(out), out.logits[:, -1], next_pos + 1
         return tokens, logps  # (N, L), (N, L); _completion cuts each row after its EOS
+
+
+def cache_kwarg(model: Any) -> str:
+    """The forward keyword that takes a KV cache: transformers 5.x renamed `past_key_values` to `cache` (the old
+    name warns until 5.40)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def cache_of(out: Any) -> Any:
