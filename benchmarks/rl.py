@@ -37,13 +37,14 @@ def tiny_policy(tasks, sft_steps: int, seed: int):
     import torch
 
     from training import models
-    from training.train_sft import SFTConfig, collate, make_optimizer, pack, response_loss, tokenize_example
+    from training.optimizers import adamw
+    from training.stages.sft import SFTConfig, collate, pack, response_loss, tokenize_example
 
     cfg = SFTConfig(seed=seed)
     tok = models.build_tiny_tokenizer([t.prompt for t in tasks] + [t.reference for t in tasks], cfg.vocab_size)
     torch.manual_seed(seed)
     model = models.build_tiny_model(cfg.tiny, tok)
-    opt = make_optimizer(model, cfg)
+    opt = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay)
     rows = pack([tokenize_example(tok, t.prompt, t.reference, cfg.max_seq_len) for t in tasks], cfg.max_seq_len,
                 tok.pad_token_id)
     for step in range(sft_steps):
@@ -58,7 +59,7 @@ def tiny_policy(tasks, sft_steps: int, seed: int):
 def bench_ours(model, tok, tasks, args, dynamic_sampling: bool = False) -> float:
     import torch
 
-    from training.train_grpo import GRPOConfig, Round
+    from training.stages.rl_round import GRPOConfig, Round
 
     cfg = GRPOConfig(prompts_per_step=args.prompts, samples_per_prompt=args.k, max_new_tokens=args.max_new_tokens,
                      temperature=1.0, beta=args.beta, lr=1e-5, dynamic_sampling=dynamic_sampling, curriculum=False,

@@ -7,7 +7,7 @@
 # 2. builds the tiny tokenizer + GPT-2 and saves it to a temp dir;
 # 3. vLLM engine: generate, update weights from a perturbed state dict (in place), generate again (outputs
 #    must change), update from a saved folder (outputs must match the HF engine's greedy output);
-# 4. one GRPO step (training.train_grpo.Round.step) on CUDA with the HF engine, finite loss.
+# 4. one GRPO step (training.stages.rl_round.Round.step) on CUDA with the HF engine, finite loss.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -72,7 +72,7 @@ except Exception:
     ok = report(False, "vllm engine")
 
 try:
-    from training.train_grpo import GRPOConfig, Round
+    from training.stages.rl_round import GRPOConfig, Round
     dev = torch.device("cuda")
     cfg = GRPOConfig(prompts_per_step=8, samples_per_prompt=4, max_new_tokens=8, device="cuda", beta=0.01,
                      dynamic_sampling=False)  # untrained model: all rewards 0; still run the update (KL term)

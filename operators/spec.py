@@ -1,4 +1,4 @@
-"""What to run for one stage and on what: the single object a stage operator takes (STYLE anchor 8)."""
+"""What to run for one stage and on what: the single object a stage operator takes."""
 
 from __future__ import annotations
 

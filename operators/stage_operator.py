@@ -1,6 +1,6 @@
 """PosttrainStageOperator: launch one `posttrain <stage>` and report what it produced.
 
-The operator only orchestrates (STYLE anchor 6): it assembles the command and environment, hands them to a
+The operator only orchestrates: it assembles the command and environment, hands them to a
 launcher, streams the stage's output into the task log, maps the exit code to success or failure, and returns
 the stage's result (manifest URI, MLflow run id, summary) as XCom. All the work happens in the stage, so a
 retry simply runs the same command again and the stage resumes from its own checkpoints.

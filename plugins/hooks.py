@@ -1,4 +1,4 @@
-"""Hooks: Airflow Connections turned into what a stage needs (STYLE anchor 6).
+"""Hooks: Airflow Connections turned into what a stage needs (kept apart from the operators, as in providers).
 
 - S3: an `aws` connection (login = access key, password = secret key, extra `endpoint_url` for MinIO or the
   dev server, extra `region_name`).

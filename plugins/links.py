@@ -1,4 +1,4 @@
-"""Extra links on every stage task: its MLflow run and its output folder (STYLE anchor 9)."""
+"""Extra links on every stage task: its MLflow run and its output folder."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ typed Verdict whose pass cannot be forged from inside the job.
 
 How: a pre-started worker (already in network/pid/mount namespaces) forks a supervisor per job, which forks
 the confined job process (own pid namespace, own uid, rlimits, private dir). The job reports only the values
-its test calls produce; expected values stay on the host, which decides the verdict. See DESIGN.md and
+its test calls produce; expected values stay on the host, which decides the verdict. See
 sandbox/README.md. Never imports torch.
 """
 

@@ -1,8 +1,11 @@
 """The maths of policy-gradient post-training, as pure tensor functions (no models, no I/O).
 
-Advantage estimators and policy losses are registered by name (`@register_advantage("grpo")`,
-`@register_policy_loss("clip")`) and looked up with `get_advantage(name)` / `get_policy_loss(name)`; registering
-a different function under a taken name raises. Shapes: B prompts, G samples per prompt (a "group"), T tokens
+Advantage estimators, policy losses and KL estimators are registered by name (`@register_advantage("grpo")`,
+`@register_policy_loss("clip")`, `@register_kl("k3")`) and looked up with `get_advantage(name)`,
+`get_policy_loss(name)`, `get_kl(name)`; registering a different function under a taken name raises. The RL
+stage's config knobs `advantage`, `policy_loss` and `kl_estimator` name them, and loss aggregation modes are
+the names in LOSS_AGGREGATIONS. To add one: a pure function here, registered, with a test against
+hand-computed values. Shapes: B prompts, G samples per prompt (a "group"), T tokens
 per completion (right-padded; `mask` is 1 on real completion tokens).
 
 References
@@ -99,7 +102,7 @@ def group_advantages(rewards: torch.Tensor, normalize_std: bool = True, eps: flo
 
 
 @register_advantage("dr_grpo")
-def mean_centered_advantages(rewards: torch.Tensor, normalize_std: bool = False, eps: float = 1e-6) -> torch.Tensor:
+def mean_centered_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Dr. GRPO: group-mean-centred rewards without std normalisation. rewards: (B, G) -> (B, G)."""
     return group_advantages(rewards, normalize_std=False, eps=eps)
 
@@ -138,6 +141,9 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 # ----- loss aggregation ---------------------------------------------------------------------------------------
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
 def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
     """Reduce per-token losses to a scalar.
 
@@ -154,7 +160,7 @@ def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-me
         return per_seq.mean()
     if mode == "seq-mean-token-sum":
         return masked_sum(loss, mask, dim=1).mean()
-    raise ValueError(f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+    raise ValueError(f"unknown loss aggregation {mode!r}; use one of {', '.join(LOSS_AGGREGATIONS)}")
 
 
 # ----- policy losses ------------------------------------------------------------------------------------------

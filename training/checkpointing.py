@@ -82,6 +82,22 @@ def latest(stage_uri: str) -> tuple[int, storage.Manifest] | None:
     return storage.last_complete_checkpoint(stage_uri)
 
 
+def latest_state(stage_uri: str, workdir: Path) -> tuple[dict[str, Any] | None, Path | None]:
+    """(train_state, local tokenizer folder) of the stage's last complete checkpoint, or (None, None) when the
+    stage starts fresh. The tokenizer comes first because a resumed stage must rebuild the model around the
+    checkpoint's own tokenizer (the tiny profile trains one)."""
+    found = latest(stage_uri)
+    return load(found[1], workdir) if found else (None, None)
+
+
+def restore(state: dict[str, Any], model: Any, optimizer: Any) -> int:
+    """Put a checkpoint's weights, optimizer state and RNG streams back; returns the step to continue from."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    set_rng_state(state["rng"])
+    return int(state["step"])
+
+
 def load(manifest: storage.Manifest, workdir: Path) -> tuple[dict[str, Any], Path]:
     """(train_state dict, local tokenizer folder) of a complete checkpoint, checksums verified."""
     dest = Path(tempfile.mkdtemp(prefix="ckpt-", dir=workdir))

@@ -1,7 +1,8 @@
 """`posttrain <command> ...`: one entry point for every stage and tool.
 
 Commands are imported only when invoked, so `posttrain --help` is instant and `posttrain sandbox` never
-imports torch.
+imports torch. Stage `X` lives in `training/stages/X.py` (dashes become underscores) and ends with
+`stage_cli`, so every stage parses the same arguments and maps the same errors to exit code 2.
 """
 
 from __future__ import annotations
@@ -9,17 +10,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from training.stage import StageContext
+
+StageBody = Callable[["StageContext"], "dict[str, Any] | None"]
 
 # name -> ("module:function" taking (argv, prog) and returning an exit code, one-line help).
 COMMANDS: dict[str, tuple[str, str]] = {
     # pipeline stages, in pipeline order
-    "build-taskset": ("training.tasksets.stage:cli", "build the verifiable task set (generate/load, validate, dedup, split)"),
-    "sft": ("training.train_sft:cli", "supervised fine-tuning on the task set (response-only loss, packing, resume)"),
-    "rl-round": ("training.train_grpo:cli", "one GRPO round (--round N): rollouts, verifier rewards, policy update"),
-    "evaluate": ("training.evaluate:cli", "evaluate candidate, SFT baseline and champion on the holdout"),
-    "gate": ("training.gate:gate_cli", "decide promote/block from the evaluation (per-domain intervals)"),
-    "promote": ("training.gate:promote_cli", "register the gated candidate, move the `champion` alias"),
+    "build-taskset": ("training.stages.build_taskset:cli",
+                      "build the verifiable task set (generate/load, validate, dedup, split)"),
+    "sft": ("training.stages.sft:cli", "supervised fine-tuning on the task set (response-only loss, packing, resume)"),
+    "rl-round": ("training.stages.rl_round:cli", "one GRPO round (--round N): rollouts, verifier rewards, policy update"),
+    "evaluate": ("training.stages.evaluate:cli", "evaluate candidate, SFT baseline and champion on the holdout"),
+    "gate": ("training.stages.gate:cli", "decide promote/block from the evaluation (per-domain intervals)"),
+    "promote": ("training.stages.promote:cli", "register the gated candidate, move the `champion` alias"),
     # tools
     "taskset": ("training.tasksets.check:cli", "task-set tools: `taskset check FILE [--quarantine OUT]` validates task files"),
     "sandbox": ("sandbox.cli:main", "run untrusted code against tests in the sandbox (`run`, `serve`, `info`)"),
@@ -60,18 +67,45 @@ def stage_parser(prog: str, description: str, config_cls: type | None = None) ->
     return parser
 
 
-def run_cli(fn: Callable[[], Any]) -> int:
-    """Map the errors a user can fix to exit code 2 with a one-line message, not a traceback."""
+def run_cli(fn: Callable[[], Any], user_errors: tuple[type[BaseException], ...] = ()) -> int:
+    """Map the errors a user can fix (bad config, storage, tracking, plus `user_errors`) to exit code 2 with a
+    one-line message, not a traceback."""
     from training.config import ConfigError
     from training.storage import StorageError
     from training.tracking import TrackingUnavailable
 
     try:
         rc = fn()
-    except (ConfigError, StorageError, TrackingUnavailable) as err:
+    except (ConfigError, StorageError, TrackingUnavailable, *user_errors) as err:
         print(f"posttrain: error: {err}", file=sys.stderr)
         return 2
     return int(rc or 0)
+
+
+def stage_cli(argv: list[str], prog: str, description: str, config_cls: type, stage: str = "",
+              body: StageBody | None = None, *,
+              arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+              bind: Callable[[argparse.Namespace], tuple[str, StageBody]] | None = None,
+              user_errors: tuple[type[BaseException], ...] = ()) -> int:
+    """The CLI of one stage: parse --config/--run/--set (plus `arguments`), load the config, run the body
+    under the stage contract. `bind` names the stage and its body from the parsed arguments when they depend
+    on them (rl-round's --round)."""
+    from training.config import load_config
+    from training.stage import run_stage
+
+    parser = stage_parser(prog, description, config_cls)
+    if arguments is not None:
+        arguments(parser)
+    args = parser.parse_args(argv)
+    name, run_body = bind(args) if bind is not None else (stage, body)
+    if run_body is None:
+        raise TypeError("stage_cli needs a body, or bind")
+
+    def go() -> int:
+        run_stage(name, load_config(config_cls, args.config, args.set), args.run, run_body)
+        return 0
+
+    return run_cli(go, user_errors)
 
 
 def main(argv: list[str] | None = None) -> int:

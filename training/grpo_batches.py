@@ -152,7 +152,7 @@ def completion_logprobs(model: Any, batch: RolloutBatch | PackedGroups, temperat
 def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | None:
     """Logits predicting each completion token, prompts computed once per group. None if the cache layout is
     unknown (then the caller does the plain forward)."""
-    from training.rollout.hf import cache_kwarg, cache_of, select_cache_rows
+    from training.kv_cache import cache_kwarg, cache_of, select_cache_rows
 
     P, G = batch.prompt_len, batch.group_size
     p_ids, p_attn = batch.input_ids[::G, :P], batch.attention_mask[::G, :P]  # (B, P)

@@ -1,7 +1,7 @@
 """The stage contract, in one place.
 
 A stage body is a function `body(ctx) -> summary dict`. `run_stage` wraps it with everything the contract
-promises (DESIGN.md, "The stage contract"):
+promises (docs/architecture.md, "The stage contract"):
 
 - If `<run-uri>/<stage>/manifest.json` exists, the stage is complete: skip, report the stored result.
 - Otherwise open (or resume) the stage's nested MLflow run under the pipeline's parent run, log the config,
@@ -10,9 +10,13 @@ promises (DESIGN.md, "The stage contract"):
 - Print one `POSTTRAIN_RESULT {...}` line on stdout: the manifest URI, the MLflow run id and the summary. The
   Airflow operator parses that line and pushes it to XCom; nothing bigger travels through Airflow.
 
-Bodies read inputs only via `ctx.input(stage)` (the manifest of an earlier stage under the same run) and write
-outputs only via `ctx.writer`. A body that checkpoints (RL rounds, SFT) puts numbered checkpoints under
-`ctx.stage_uri` with `storage.checkpoint_uri` and resumes from `storage.last_complete_checkpoint`.
+Bodies read inputs only via `ctx.input(stage)` (the manifest of an earlier stage under the same run; the task
+set's splits via `ctx.tasks(split)`) and write outputs only via `ctx.writer`. A body that checkpoints (SFT, RL
+rounds) saves numbered checkpoints under `ctx.stage_uri` with `checkpointing.save` and resumes with
+`checkpointing.latest_state` + `checkpointing.restore`.
+
+Stage names (the folder under the run) are `taskset`, `sft`, `rl_round_<N>` (`rl_round_stage(N)`), `evaluate`,
+`gate` and `promote`; each stage's code lives in `training/stages/<cli name>.py`.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from training import storage, tracking
 from training.config import ConfigBase
+
+if TYPE_CHECKING:
+    from training.tasksets.schema import Task
 
 log = logging.getLogger("posttrain")
 RESULT_PREFIX = "POSTTRAIN_RESULT "
@@ -73,6 +80,13 @@ class StageContext:
             self.parents.append(manifest)
         return manifest
 
+    def tasks(self, split: str) -> list["Task"]:
+        """One split ("train" / "holdout") of this run's task set, checksums verified; the task set becomes a
+        parent of this stage."""
+        from training.tasksets.io import load_stage_tasks
+
+        return load_stage_tasks(self.input("taskset"), split, self.workdir)
+
     def add_parent(self, manifest: storage.Manifest) -> None:
         """Record an input from outside this run (a champion checkpoint, a shared task set)."""
         if all(p.uri != manifest.uri for p in self.parents):
@@ -85,6 +99,14 @@ class StageContext:
         log.info("[%s] %s %s", self.stage, message, shown)
         if metrics:
             self.mlflow.log_metrics(metrics, step=int(step) if step is not None else None)
+
+
+RL_ROUND_PREFIX = "rl_round_"
+
+
+def rl_round_stage(round_: int) -> str:
+    """The stage name (and folder under the run) of RL round N: `rl_round_N`."""
+    return f"{RL_ROUND_PREFIX}{round_}"
 
 
 def run_id_of(run_uri: str) -> str:

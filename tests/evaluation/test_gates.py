@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from training.gates import Counts, GateConfig, decide, diff_interval, wilson_interval
+from training.evaluation.gate_rules import Counts, decide, diff_interval, wilson_interval
+from training.stages.gate import GateConfig
 
 
 def test_wilson_hand_computed() -> None:

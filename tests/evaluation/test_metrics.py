@@ -1,6 +1,6 @@
 import pytest
 
-from training.metrics import mean_pass_at_k, pass_at_k
+from training.evaluation.metrics import mean_pass_at_k, pass_at_k
 
 
 def test_pass_at_k_hand_computed() -> None:

@@ -1,4 +1,4 @@
-"""Launchers: a real local process group; the Docker launcher against a spec'd mock client (STYLE 11)."""
+"""Launchers: a real local process group; the Docker launcher against a spec'd mock client."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from training.tasksets.config import SourceSpec
+from training.tasksets.sources import SourceSpec
 from training.tasksets.loaders import load_source
 from training.tasksets.validate import validate_rows
 

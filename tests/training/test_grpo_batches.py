@@ -9,7 +9,7 @@ import torch
 
 from training.grpo_batches import PackedGroups, build_batch, completion_logprobs, micro_batches, pack_groups
 from training.rollout import make_engine
-from training.train_grpo import GRPOConfig, policy_update
+from training.stages.rl_round import GRPOConfig, policy_update
 
 PROMPTS = ["Q: 12+3=? A:", "Extract age as JSON: Bob is 31.", "Q: 7+8=? A:"]
 

@@ -32,9 +32,9 @@ GRPO = {"seed": SEED, **TINY["rl_round"]}
 
 
 def test_sft_then_two_rounds_lift_arithmetic(file_run_uri, local_mlflow) -> None:
-    from training.tasksets.stage import TasksetConfig, body as taskset_body
-    from training.train_grpo import GRPOConfig, run_round
-    from training.train_sft import SFTConfig, train
+    from training.stages.build_taskset import TasksetConfig, body as taskset_body
+    from training.stages.rl_round import GRPOConfig, run_round
+    from training.stages.sft import SFTConfig, train
 
     stage.run_stage("taskset", from_dict(TasksetConfig, TASKSET), file_run_uri, taskset_body)
     stage.run_stage("sft", from_dict(SFTConfig, SFT), file_run_uri, train)

@@ -1,13 +1,13 @@
 """Rewards: verifiers by name, and `score_tasks` for evaluation.
 
-A reward function is a plain callable (STYLE anchor 4)
+A reward function is a plain callable, in the shape TRL's reward functions take
 
     fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]
 
 where `columns` are the task-set columns of the same rows (`verifier`, `answer`, `tests`, `metadata`, `id`;
 `tests`/`metadata` may be Python objects or their JSON text, as stored in parquet). A function returns 1.0 for a
 verified pass, 0.0 for a fail, and None for a row it does not apply to (a row whose `verifier` names another
-function); None becomes NaN when rewards are combined through `reward_weights`.
+function); `score_tasks` counts None as a fail.
 
     REWARDS["math"]        training/rewards/math.py   final-answer check (numbers, fractions, "answer is X")
     REWARDS["code"]        training/rewards/code.py   unit tests run in sandbox/ (one `run_batch` per call)

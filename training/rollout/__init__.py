@@ -3,8 +3,35 @@
     engine = make_engine("hf", model, tokenizer)
     groups = engine.generate(prompts, n_samples=8, max_new_tokens=32, temperature=1.0, top_p=1.0, seed=7)
     groups[i][j].text, groups[i][j].token_ids, groups[i][j].logprobs
+
+To add an engine: implement `RolloutEngine` (base.py) in its own module, then name it in ENGINES and
+`make_engine` below; stage configs validate their `rollout_engine` against ENGINES.
 """
 
-from training.rollout.base import Completion, RolloutEngine, make_engine
+from __future__ import annotations
 
-__all__ = ["Completion", "RolloutEngine", "make_engine"]
+from typing import Any
+
+from training.rollout.base import Completion, RolloutEngine
+
+# name -> what it is; the one list of engine names (configs, the trigger form and tests read it).
+ENGINES: dict[str, str] = {
+    "hf": "transformers (CPU or GPU; shares the trainer's model object)",
+    "vllm": "vLLM (GPU; the `gpu` extra)",
+}
+
+
+def make_engine(kind: str, model: Any, tokenizer: Any, **kwargs: Any) -> RolloutEngine:
+    """'hf' (transformers generate, shares the trainer's model object) or 'vllm' (GPU; model is a folder)."""
+    if kind == "hf":
+        from training.rollout.hf import HFRolloutEngine
+
+        return HFRolloutEngine(model, tokenizer, **kwargs)
+    if kind == "vllm":
+        from training.rollout.vllm import VLLMRolloutEngine
+
+        return VLLMRolloutEngine(model, tokenizer, **kwargs)
+    raise ValueError(f"unknown rollout engine {kind!r}; use one of {', '.join(ENGINES)}")
+
+
+__all__ = ["ENGINES", "Completion", "RolloutEngine", "make_engine"]

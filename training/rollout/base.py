@@ -35,16 +35,3 @@ class RolloutEngine(Protocol):
     def update_weights(self, state_dict_or_path: Any) -> None:
         """Load new policy weights: a state dict (name -> tensor) or a saved model folder."""
         ...
-
-
-def make_engine(kind: str, model: Any, tokenizer: Any, **kwargs: Any) -> RolloutEngine:
-    """'hf' (transformers generate, shares the trainer's model object) or 'vllm' (GPU; model is a folder)."""
-    if kind == "hf":
-        from training.rollout.hf import HFRolloutEngine
-
-        return HFRolloutEngine(model, tokenizer, **kwargs)
-    if kind == "vllm":
-        from training.rollout.vllm import VLLMRolloutEngine
-
-        return VLLMRolloutEngine(model, tokenizer, **kwargs)
-    raise ValueError(f"unknown rollout engine {kind!r}; use 'hf' or 'vllm'")

@@ -12,12 +12,12 @@ weights give the same completions, and the global torch RNG is left as it was.
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from training.kv_cache import cache_kwarg, cache_of, select_cache_rows
 from training.rollout.base import Completion
 
 
@@ -135,31 +135,6 @@ class HFRolloutEngine:
                              use_cache=True, **{cache_kw: past})
             past, logits, next_pos = cache_of(out), out.logits[:, -1], next_pos + 1
         return tokens, logps  # (N, L), (N, L); _completion cuts each row after its EOS
-
-
-def cache_kwarg(model: Any) -> str:
-    """The forward keyword that takes a KV cache: transformers 5.x renamed `past_key_values` to `cache` (the old
-    name warns until 5.40)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def cache_of(out: Any) -> Any:
-    """The KV cache of a forward output (`cache` in transformers 5.x, `past_key_values` before)."""
-    return out["cache"] if "cache" in out else out.past_key_values
-
-
-def select_cache_rows(cache: Any, rows: torch.Tensor) -> bool:
-    """Keep (or repeat) `rows` of a KV cache, in place. False (cache untouched) for a layout we do not know."""
-    if hasattr(cache, "layers") and all(hasattr(layer, "keys") for layer in cache.layers):
-        for layer in cache.layers:
-            layer.keys = layer.keys.index_select(0, rows)  # (A', H, T, d)
-            layer.values = layer.values.index_select(0, rows)  # (A', H, T, d)
-        return True
-    if hasattr(cache, "key_cache"):
-        cache.key_cache = [k.index_select(0, rows) for k in cache.key_cache]
-        cache.value_cache = [v.index_select(0, rows) for v in cache.value_cache]
-        return True
-    return False
 
 
 def _sample(logp: torch.Tensor) -> torch.Tensor:

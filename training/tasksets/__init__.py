@@ -1,4 +1,5 @@
-"""Verifiable task sets: the `Task` record and the stage that builds a task set.
+"""Verifiable task sets: the `Task` record and everything the `taskset` stage (training/stages/build_taskset.py)
+is made of.
 
     schema.py      Task, DOMAINS, COLUMNS (the shared contract)
     generators.py  tiny-profile synthetic tasks: generate(domain, n, seed, difficulties)
@@ -7,6 +8,6 @@
     dedup.py       exact and near-duplicate removal, holdout n-gram contamination filter
     split.py       stratified train/holdout split, domain mixing
     io.py          save_tasks / load_tasks (parquet via `datasets`), load_stage_tasks (from a manifest)
-    config.py      TasksetConfig, SourceSpec
-    stage.py       `posttrain build-taskset`;  check.py: `posttrain taskset check`
+    sources.py     SourceSpec: one real-data source of a task set
+    check.py       `posttrain taskset check FILE`
 """

@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from training.tasksets.config import SourceSpec
+from training.tasksets.sources import SourceSpec
 from training.tasksets.validate import JSONL_SUFFIXES, RawRow, RowError, read_rows
 
 _CALC_RE = re.compile(r"<<[^>]*>>")

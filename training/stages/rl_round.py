@@ -1,4 +1,4 @@
-"""Stage `rl_round_<N>`: one round of GRPO on the task set's train split.
+"""Stage `rl_round_<N>` (`posttrain rl-round --round N`): one round of GRPO on the task set's train split.
 
     posttrain rl-round --round 1 --run file:///tmp/runs/r1 --set steps=50 --set lr=2e-4
 
@@ -31,12 +31,15 @@ from typing import Any
 
 import torch
 
-from training import algorithms, checkpointing, models, storage
-from training.config import ConfigBase, load_config
+from training import algorithms, checkpointing, models
+from training.config import ConfigBase
+from training.curriculum import Curriculum, domain_counts, pick_prompts
+from training.devices import resolve_device
 from training.grpo_batches import (PackedGroups, RolloutBatch, completion_logprobs, micro_batches,
                                    takes_4d_mask)
-from training.rollout import Completion, make_engine
-from training.stage import StageContext, run_stage
+from training.optimizers import adamw
+from training.rollout import ENGINES, Completion, make_engine
+from training.stage import StageContext, rl_round_stage
 from training.tasksets.schema import Task
 
 
@@ -58,13 +61,14 @@ class GRPOConfig(ConfigBase):
     beta:               weight of the KL(policy || SFT reference) penalty; 0 disables the reference model.
     kl_estimator:       "k3" (unbiased, low variance, >= 0; Schulman 2020 "Approximating KL Divergence", as
                         in DeepSeekMath), or "k1"/"k2".
-    advantage:          registered estimator name (training.algorithms): "grpo" or "dr_grpo".
-    normalize_std:      divide by the group's reward std ("grpo"); Dr. GRPO (Liu et al. 2025) argues
-                        against it because it over-weights near-uniform groups.
+    advantage:          registered estimator (training.algorithms): "grpo" (centred on the group mean and
+                        divided by the group's reward std) or "dr_grpo" (centred only; Liu et al. 2025 argue
+                        the std division over-weights near-uniform groups).
+    policy_loss:        registered policy loss (training.algorithms): "clip" (PPO's clipped surrogate).
     clip_low, clip_high: PPO ratio clip range [1-clip_low, 1+clip_high] (Schulman et al. 2017); clip_high >
                         clip_low is DAPO's "clip-higher" (Yu et al. 2025).
-    loss_agg:           "token-mean" (DAPO token-level: every token weighs the same), "seq-mean-token-mean"
-                        (original GRPO) or "seq-mean-token-sum".
+    loss_agg:           one of algorithms.LOSS_AGGREGATIONS: "token-mean" (DAPO token-level: every token
+                        weighs the same), "seq-mean-token-mean" (original GRPO) or "seq-mean-token-sum".
     updates_per_batch:  optimizer passes over each rollout batch (GRPO's mu); 1 = strictly on-policy.
     micro_batch_size:   completions per forward/backward, whole groups, ordered by length and padded per
                         micro-batch (gradients accumulate across them; the loss equals the whole-batch loss);
@@ -106,7 +110,7 @@ class GRPOConfig(ConfigBase):
     beta: float = 0.01
     kl_estimator: str = "k3"
     advantage: str = "grpo"
-    normalize_std: bool = True
+    policy_loss: str = "clip"
     clip_low: float = 0.2
     clip_high: float = 0.28
     loss_agg: str = "token-mean"
@@ -130,70 +134,19 @@ class GRPOConfig(ConfigBase):
 
     def __post_init__(self) -> None:
         algorithms.get_advantage(self.advantage)
+        algorithms.get_policy_loss(self.policy_loss)
         algorithms.get_kl(self.kl_estimator)
-        if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
-            raise ValueError(f"loss_agg {self.loss_agg!r}: use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+        if self.loss_agg not in algorithms.LOSS_AGGREGATIONS:
+            raise ValueError(f"loss_agg {self.loss_agg!r}: use one of {', '.join(algorithms.LOSS_AGGREGATIONS)}")
         if self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt must be >= 2 (group-relative advantages need a group)")
-        if self.rollout_engine not in ("hf", "vllm"):
-            raise ValueError(f"rollout_engine {self.rollout_engine!r}: use 'hf' or 'vllm'")
-
-
-def stage_name(round_: int) -> str:
-    return f"rl_round_{round_}"
+        if self.rollout_engine not in ENGINES:
+            raise ValueError(f"rollout_engine {self.rollout_engine!r}: use one of {', '.join(ENGINES)}")
 
 
 def derive_seed(*parts: Any) -> int:
     """A 63-bit seed from (seed, round, step, ...): stable across processes (unlike hash())."""
     return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
-
-
-# ----- curriculum and domain mixing ---------------------------------------------------------------------------
-@dataclass
-class Curriculum:
-    """Running pass rate per (domain, difficulty); picks difficulties that sit in the learnable band."""
-
-    band: tuple[float, float]
-    floor: float
-    ema: float
-    rates: dict[str, float] = field(default_factory=dict)  # "math/3" -> pass rate
-
-    def weight(self, domain: str, difficulty: int) -> float:
-        rate = self.rates.get(f"{domain}/{difficulty}")
-        if rate is None:
-            return 1.0  # unknown: worth a look
-        return 1.0 if self.band[0] <= rate <= self.band[1] else self.floor
-
-    def update(self, domain: str, difficulty: int, pass_rate: float) -> None:
-        key = f"{domain}/{difficulty}"
-        old = self.rates.get(key)
-        self.rates[key] = pass_rate if old is None else (1 - self.ema) * old + self.ema * pass_rate
-
-
-def domain_counts(weights: dict[str, float], domains: list[str], n: int) -> dict[str, int]:
-    """Split n prompts over domains by weight (largest remainder, deterministic)."""
-    w = {d: float(weights.get(d, 0.0 if weights else 1.0)) for d in domains}
-    total = sum(w.values())
-    if total <= 0:
-        raise ValueError(f"domain_weights {weights} give no weight to any train domain {domains}")
-    exact = {d: n * v / total for d, v in w.items()}
-    counts = {d: int(math.floor(x)) for d, x in exact.items()}
-    for d in sorted(domains, key=lambda d: (-(exact[d] - counts[d]), d))[:n - sum(counts.values())]:
-        counts[d] += 1
-    return counts
-
-
-def pick_prompts(pool: dict[str, dict[int, list[Task]]], counts: dict[str, int], curriculum: Curriculum | None,
-                 rng: random.Random) -> list[Task]:
-    """counts[d] tasks from domain d; the difficulty of each drawn with curriculum weights, the task uniformly."""
-    chosen = []
-    for domain in sorted(counts):
-        levels = sorted(pool[domain])
-        weights = [curriculum.weight(domain, lv) if curriculum else 1.0 for lv in levels]
-        for _ in range(counts[domain]):
-            level = rng.choices(levels, weights=weights)[0]
-            chosen.append(rng.choice(pool[domain][level]))
-    return chosen
 
 
 # ----- the update ---------------------------------------------------------------------------------------------
@@ -218,7 +171,7 @@ def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Opti
             loss, st = algorithms.grpo_loss(
                 logp, old, ref_logp[j] if ref_logp is not None else None, c.advantages, mask,
                 beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.loss_agg,
-                kl_estimator=cfg.kl_estimator)
+                kl_estimator=cfg.kl_estimator, policy_loss=cfg.policy_loss)
             # Micro-batches share one normaliser, so accumulation equals the whole-batch loss.
             share = mask.sum() / n_tokens if cfg.loss_agg == "token-mean" else c.completion_mask.shape[0] / n_seqs
             (loss * share).backward()
@@ -270,13 +223,6 @@ def load_policy(ctx: StageContext, stage: str, device: torch.device) -> tuple[An
     return model.to(device), tokenizer
 
 
-def load_split(ctx: StageContext, split: str) -> list[Task]:
-    from training.tasksets.io import load_tasks
-
-    manifest = ctx.input("taskset")
-    return load_tasks(storage.fetch(manifest, f"{split}.parquet", ctx.workdir / f"{split}.parquet"))
-
-
 @dataclass
 class Round:
     """Everything one GRPO round works on; `step(s)` runs training step s (a pure function of the state)."""
@@ -303,8 +249,7 @@ class Round:
         unknown = sorted(set(cfg.domain_weights) - set(pool))
         if unknown:
             raise ValueError(f"domain_weights name domains {unknown} absent from the train split {sorted(pool)}")
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                                      betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        optimizer = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay)
         engine = make_engine(cfg.rollout_engine, model, tokenizer,
                              **({"batch_size": cfg.rollout_batch_size} if cfg.rollout_engine == "hf" else {}))
         curriculum = Curriculum(tuple(cfg.curriculum_band), cfg.curriculum_floor, cfg.curriculum_ema)
@@ -351,7 +296,7 @@ class Round:
         stats: dict[str, float] = {}
         if kept:
             rewards = torch.tensor([r for _, _, r in kept])  # (K, G)
-            adv = algorithms.get_advantage(cfg.advantage)(rewards, normalize_std=cfg.normalize_std)  # (K, G)
+            adv = algorithms.get_advantage(cfg.advantage)(rewards)  # (K, G)
             chunks = micro_batches(self.tokenizer, [t.prompt for t, _, _ in kept], [g for _, g, _ in kept],
                                    adv.flatten(), self.device, cfg.micro_batch_size,
                                    cfg.packed_groups and takes_4d_mask(self.model), next(self.model.parameters()).dtype)
@@ -374,9 +319,8 @@ class Round:
 
 def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     cfg: GRPOConfig = ctx.config  # type: ignore[assignment]
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
-                          else ("cpu" if cfg.device == "auto" else cfg.device))
-    prev = "sft" if round_ == 1 else stage_name(round_ - 1)
+    device = resolve_device(cfg.device)
+    prev = "sft" if round_ == 1 else rl_round_stage(round_ - 1)
 
     # Policy (previous stage), frozen reference (SFT), tasks.
     model, tokenizer = load_policy(ctx, prev, device)
@@ -384,18 +328,14 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     if cfg.beta:
         ref_model, _ = load_policy(ctx, "sft", device)
         ref_model.eval().requires_grad_(False)
-    holdout = holdout_subset(load_split(ctx, "holdout"), cfg.holdout_per_domain)
-    rnd = Round.build(cfg, round_, model, tokenizer, ref_model, load_split(ctx, "train"), device)
+    holdout = holdout_subset(ctx.tasks("holdout"), cfg.holdout_per_domain)
+    rnd = Round.build(cfg, round_, model, tokenizer, ref_model, ctx.tasks("train"), device)
 
     # Resume, or measure where the round starts.
     start_step, history = 0, []
-    resumed = checkpointing.latest(ctx.stage_uri)
-    if resumed is not None:
-        state, _ = checkpointing.load(resumed[1], ctx.workdir)
-        model.load_state_dict(state["model"])
-        rnd.optimizer.load_state_dict(state["optimizer"])
-        checkpointing.set_rng_state(state["rng"])
-        start_step = state["step"]
+    state, _ = checkpointing.latest_state(ctx.stage_uri, ctx.workdir)
+    if state is not None:
+        start_step = checkpointing.restore(state, model, rnd.optimizer)
         rnd.curriculum.rates = dict(state["extra"]["curriculum"])
         holdout_before = state["extra"]["holdout_before"]
         history = list(state["extra"]["history"])
@@ -442,7 +382,8 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     rewards = [h["reward/all"] for h in history if "reward/all" in h]
     return {"round": round_, "steps": cfg.steps, "resumed_from": start_step, "policy_from": prev,
             "holdout_before": holdout_before, "holdout_after": holdout_after,
-            # counts (for the gate's intervals) and the round's mean train reward (for the reward-hack rule)
+            # holdout counts (the report's per-round plot) and the round's mean train reward (the gate's
+            # reward-hacking rule, read by evaluate into report.json's "rounds")
             "holdout": holdout_counts, "train_reward_mean": sum(rewards) / max(1, len(rewards)),
             "final_train_metrics": history[-1] if history else {},
             "samples_per_s_this_attempt": rnd.samples_seen / max(elapsed, 1e-9)}
@@ -457,18 +398,21 @@ def _holdout_samples(rows: list[dict], n: int) -> list[dict]:
 
 
 def cli(argv: list[str], prog: str = "posttrain rl-round") -> int:
-    from training.cli import run_cli, stage_parser
+    from training.cli import stage_cli
 
-    parser = stage_parser(prog, "One GRPO round: rollouts, verifier rewards, group-relative policy update.",
-                          GRPOConfig)
-    parser.add_argument("--round", type=int, required=True, help="round number N >= 1 (stage rl_round_N)")
-    args = parser.parse_args(argv)
-    if args.round < 1:
-        parser.error("--round must be >= 1")
+    import argparse
 
-    def go() -> int:
-        run_stage(stage_name(args.round), load_config(GRPOConfig, args.config, args.set), args.run,
-                  lambda ctx: run_round(ctx, args.round))
-        return 0
+    def round_number(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"--round must be an integer >= 1, got {text!r}")
+        return int(text)
 
-    return run_cli(go)
+    def round_argument(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--round", type=round_number, required=True,
+                            help="round number N >= 1 (stage rl_round_N)")
+
+    def bind(args: argparse.Namespace) -> tuple[str, Any]:
+        return rl_round_stage(args.round), lambda ctx: run_round(ctx, args.round)
+
+    return stage_cli(argv, prog, "One GRPO round: rollouts, verifier rewards, group-relative policy update.",
+                     GRPOConfig, arguments=round_argument, bind=bind)

@@ -1,7 +1,7 @@
-"""Regression gates: decide from evaluation numbers whether a candidate may replace the champion.
+"""Regression gate rules: decide from evaluation numbers whether a candidate may replace the champion.
 
-Pure functions over counts; no model, no I/O. The gate stage (train_gate.py) feeds them the evaluation report
-and writes the verdict.
+Pure functions over counts; no model, no I/O. The gate stage (training/stages/gate.py, which also holds
+GateConfig) feeds them the evaluation report and writes the verdict.
 
 Rules (each failing rule adds a reason naming the domain and the numbers):
 1. Regression vs a reference (champion, SFT baseline): a domain is blocked when its pass@1 drop exceeds the
@@ -14,10 +14,11 @@ Rules (each failing rule adds a reason naming the domain and the numbers):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from training.config import ConfigBase
+if TYPE_CHECKING:
+    from training.stages.gate import GateConfig
 
 _Z = {0.80: 1.2816, 0.90: 1.6449, 0.95: 1.9600, 0.99: 2.5758}
 
@@ -54,25 +55,6 @@ def diff_interval(s1: int, n1: int, s2: int, n2: int, confidence: float = 0.95) 
 
 
 @dataclass(frozen=True)
-class GateConfig(ConfigBase):
-    """Regression gate.
-
-    tolerance:        largest pass@1 drop (fraction, 0.01 = 1 point) tolerated per domain.
-    confidence:       level of the Newcombe interval used to call a drop credible (0.80/0.90/0.95/0.99).
-    references:       which references to compare with: "champion" (MLflow alias), "sft" (the run's SFT model).
-    min_reward_rise:  train-reward increase (first→last RL round) that, with a credible holdout drop, is
-                      called reward hacking.
-    min_samples:      a domain with fewer holdout tasks than this cannot pass the gate (too little evidence).
-    """
-
-    tolerance: float = 0.01
-    confidence: float = 0.95
-    references: list[str] = field(default_factory=lambda: ["champion", "sft"])
-    min_reward_rise: float = 0.02
-    min_samples: int = 20
-
-
-@dataclass(frozen=True)
 class Counts:
     passed: int
     total: int
@@ -92,7 +74,7 @@ class Finding:
 
 
 def compare_domains(candidate: dict[str, Counts], reference: dict[str, Counts], reference_name: str,
-                    cfg: GateConfig) -> list[Finding]:
+                    cfg: "GateConfig") -> list[Finding]:
     findings = []
     for domain in sorted(set(candidate) | set(reference)):
         cand, ref = candidate.get(domain), reference.get(domain)
@@ -116,7 +98,7 @@ def compare_domains(candidate: dict[str, Counts], reference: dict[str, Counts], 
 
 
 def reward_hacking(train_reward: list[float], holdout_first: dict[str, Counts], holdout_last: dict[str, Counts],
-                   cfg: GateConfig) -> list[Finding]:
+                   cfg: "GateConfig") -> list[Finding]:
     """Train reward per RL round (first..last) vs holdout counts before the first and after the last round."""
     if len(train_reward) < 2:
         return []
@@ -153,7 +135,7 @@ class Verdict:
 
 
 def decide(candidate: dict[str, Counts], references: dict[str, dict[str, Counts]], train_reward: list[float],
-           holdout_first: dict[str, Counts] | None, cfg: GateConfig) -> Verdict:
+           holdout_first: dict[str, Counts] | None, cfg: "GateConfig") -> Verdict:
     """The verdict: promote only when no rule fires. `references` maps a name ("champion", "sft") to counts."""
     findings: list[Finding] = []
     for name in cfg.references:

@@ -1,4 +1,4 @@
-"""Stage `sft`: supervised fine-tuning on the task set's reference completions.
+"""Stage `sft` (`posttrain sft`): supervised fine-tuning on the task set's reference completions.
 
     posttrain sft --run file:///tmp/runs/r1 --config '{"max_steps": 400}' --set lora.enabled=true
 
@@ -20,9 +20,11 @@ from typing import Any
 
 import torch
 
-from training import checkpointing, models, storage
-from training.config import ConfigBase, load_config
-from training.stage import StageContext, run_stage
+from training import checkpointing, models
+from training.config import ConfigBase
+from training.devices import resolve_device
+from training.optimizers import adamw
+from training.stage import StageContext
 from training.tasksets.schema import Task
 
 STAGE = "sft"
@@ -208,53 +210,26 @@ def lr_at(step: int, cfg: SFTConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def make_optimizer(model: Any, cfg: Any) -> torch.optim.Optimizer:
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=tuple(cfg.betas))
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def load_split(ctx: StageContext, split: str) -> list[Task]:
-    """Tasks of one split (`train`/`holdout`) of this run's task set (checksums verified)."""
-    from training.tasksets.io import load_tasks
-
-    manifest = ctx.input("taskset")
-    local = storage.fetch(manifest, f"{split}.parquet", ctx.workdir / f"{split}.parquet")
-    return load_tasks(local)
-
-
 # ----- the stage ----------------------------------------------------------------------------------------------
 def train(ctx: StageContext) -> dict[str, Any]:
     cfg: SFTConfig = ctx.config  # type: ignore[assignment]
     device = resolve_device(cfg.device)
-    tasks = [t for t in load_split(ctx, "train") if t.reference and (not cfg.domains or t.domain in cfg.domains)]
+    tasks = [t for t in ctx.tasks("train") if t.reference and (not cfg.domains or t.domain in cfg.domains)]
     if cfg.max_examples:
         tasks = tasks[:cfg.max_examples]
     if not tasks:
         raise ValueError("sft: no training examples with a reference completion in the task set")
 
     # Resume: the last complete checkpoint carries the tokenizer, weights, optimizer, RNG and step.
-    resumed = checkpointing.latest(ctx.stage_uri)
-    state, tok_dir = (checkpointing.load(resumed[1], ctx.workdir) if resumed else (None, None))
+    state, tok_dir = checkpointing.latest_state(ctx.stage_uri, ctx.workdir)
     model, tokenizer = build_model(cfg, tasks, tok_dir)
-    if state is not None:
+    if state is not None:  # weights before .to(device), so the optimizer state lands beside them
         model.load_state_dict(state["model"])
     model.to(device).train()
-    optimizer = make_optimizer(model, cfg)
+    optimizer = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay)
     start_step = 0
     if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        checkpointing.set_rng_state(state["rng"])
-        start_step = state["step"]
+        start_step = checkpointing.restore(state, model, optimizer)
         ctx.progress(f"resumed from checkpoint step {start_step}")
     else:
         checkpointing.seed_everything(cfg.seed)
@@ -312,13 +287,7 @@ def train(ctx: StageContext) -> dict[str, Any]:
 
 
 def cli(argv: list[str], prog: str = "posttrain sft") -> int:
-    from training.cli import run_cli, stage_parser
+    from training.cli import stage_cli
 
-    args = stage_parser(prog, "Supervised fine-tuning on the task set's reference completions.",
-                        SFTConfig).parse_args(argv)
-
-    def go() -> int:
-        run_stage(STAGE, load_config(SFTConfig, args.config, args.set), args.run, train)
-        return 0
-
-    return run_cli(go)
+    return stage_cli(argv, prog, "Supervised fine-tuning on the task set's reference completions.", SFTConfig,
+                     STAGE, train)

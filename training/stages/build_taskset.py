@@ -1,4 +1,5 @@
-"""`posttrain build-taskset`: generate and/or load tasks, validate, deduplicate, split, mix, record.
+"""Stage `taskset` (`posttrain build-taskset`): generate and/or load tasks, validate, deduplicate, split, mix,
+record.
 
     posttrain build-taskset --run file:///tmp/runs/r1                         # tiny profile, a few seconds
     posttrain build-taskset --config taskset.yaml --run s3://posttrain/runs/r1 --set holdout_fraction=0.2
@@ -23,11 +24,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.tasksets.config import SourceSpec, TasksetConfig
+from training.config import ConfigBase
+from training.stage import StageContext
 from training.tasksets.dedup import dedup, overlap_filter
 from training.tasksets.generators import generate
 from training.tasksets.loaders import load_source, source_label
 from training.tasksets.schema import Task
+from training.tasksets.sources import PROFILES, SourceSpec
 from training.tasksets.split import mix_train, stratified_split
 from training.tasksets.validate import (RawRow, RowError, TasksetValidationError, Validator, validate_rows,
                                         validate_tasks)
@@ -35,6 +38,73 @@ from training.tasksets.validate import (RawRow, RowError, TasksetValidationError
 __all__ = ["TasksetConfig", "SourceSpec", "Build", "build", "body", "cli", "STAGE"]
 log = logging.getLogger("posttrain")
 STAGE = "taskset"
+
+
+@dataclass(frozen=True)
+class TasksetConfig(ConfigBase):
+    """Build a validated, deduplicated, split task set under <run>/taskset/.
+
+    profile:          "tiny" = synthetic tasks from training/tasksets/generators.py (plus any `sources`);
+                      "data" = only the `sources`.
+    seed:             generators, split and mixing are deterministic by it.
+    total:            tiny: tasks generated before dedup, spread over the domains of `mix` by ratio
+                      (overridden per domain by `counts`).
+    counts:           tiny: tasks to generate per domain, e.g. {"math": 3000}; empty = from total and mix.
+    mix:              domain mixing ratios of the train split (subsampled to them when some domain's share is
+                      off by more than `mix_tolerance`); domains not named are kept whole, ratio 0 drops one.
+    mix_tolerance:    allowed absolute difference between a domain's train share and its target share.
+    difficulties:     tiny: the difficulty levels to generate (1 easy .. 5 hard), round-robin.
+    holdout_fraction: share of each (domain, difficulty) group held out for evaluation (stratified).
+    ngram:            word n-gram size of the holdout contamination check; train tasks sharing one with a
+                      holdout prompt are dropped. 13 as in GPT-3's decontamination (Brown et al. 2020, App. C).
+    sources:          real data, a list of SourceSpec objects ({"path": ..., "adapter": ...}).
+    quarantine:       bad source rows are written to quarantine.jsonl and counted instead of failing the stage.
+    sample_rows:      tasks per domain in the MLflow sample table.
+    """
+
+    profile: str = "tiny"
+    seed: int = 0
+    total: int = 4000
+    counts: dict[str, int] = field(default_factory=dict)
+    mix: dict[str, float] = field(default_factory=lambda: {"math": 0.5, "code": 0.25, "extraction": 0.25})
+    mix_tolerance: float = 0.05
+    difficulties: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    holdout_fraction: float = 0.1
+    ngram: int = 13
+    sources: list[SourceSpec] = field(default_factory=list)
+    quarantine: bool = False
+    sample_rows: int = 20
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {self.profile!r}")
+        if not 0.0 <= self.holdout_fraction < 1.0:
+            raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction}")
+        if self.ngram < 1:
+            raise ValueError("ngram must be >= 1")
+        if any(r < 0 for r in self.mix.values()):
+            raise ValueError("mix ratios must be >= 0")
+        if any(not 1 <= d <= 5 for d in self.difficulties) or not self.difficulties:
+            raise ValueError(f"difficulties must be levels 1..5, got {self.difficulties}")
+        if self.profile == "data" and not self.sources:
+            raise ValueError('profile "data" needs at least one entry in sources')
+        if self.total < 0 or any(n < 0 for n in self.counts.values()):
+            raise ValueError("total and counts must be >= 0")
+        if self.profile == "tiny":
+            self.domain_counts()  # unknown generator domains fail here, as a config error
+
+    def domain_counts(self) -> dict[str, int]:
+        """tiny: how many tasks to generate per domain."""
+        from training.tasksets.generators import DOMAIN_VERIFIER
+
+        if self.counts:
+            unknown = sorted(set(self.counts) - set(DOMAIN_VERIFIER))
+            if unknown:
+                raise ValueError(f"counts: no generator for domain(s) {unknown}; known: {', '.join(DOMAIN_VERIFIER)}")
+            return dict(self.counts)
+        ratios = {d: r for d, r in self.mix.items() if d in DOMAIN_VERIFIER and r > 0}
+        total_r = sum(ratios.values())
+        return {d: round(self.total * r / total_r) for d, r in ratios.items()} if total_r else {}
 
 
 @dataclass
@@ -162,7 +232,7 @@ def _metrics(report: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def body(ctx) -> dict[str, Any]:
+def body(ctx: StageContext) -> dict[str, Any]:
     """The stage body for `run_stage` (training/stage.py)."""
     from training.tasksets.io import save_tasks
     from training.tasksets.validate import write_quarantine
@@ -199,24 +269,8 @@ def body(ctx) -> dict[str, Any]:
             "duplicates": report["dedup"]["exact_duplicates"] + report["dedup"]["near_duplicates"]}
 
 
-def cli(argv: list[str], prog: str) -> int:
-    import sys
+def cli(argv: list[str], prog: str = "posttrain build-taskset") -> int:
+    from training.cli import stage_cli
 
-    from training.cli import run_cli, stage_parser
-    from training.config import load_config
-    from training.stage import run_stage
-
-    parser = stage_parser(prog, "Build the verifiable task set: generate/load, validate, dedup, split.",
-                          TasksetConfig)
-    args = parser.parse_args(argv)
-
-    def go() -> int:
-        config = load_config(TasksetConfig, args.config, args.set)
-        try:
-            run_stage(STAGE, config, args.run, body)
-        except TasksetValidationError as err:
-            print(f"posttrain: error: {err}", file=sys.stderr)
-            return 2
-        return 0
-
-    return run_cli(go)
+    return stage_cli(argv, prog, "Build the verifiable task set: generate/load, validate, dedup, split.",
+                     TasksetConfig, STAGE, body, user_errors=(TasksetValidationError,))

@@ -1,0 +1,210 @@
+"""What evaluation measures for one model on a holdout, per domain (the numbers in report.json).
+
+- pass@1 (greedy) and unbiased pass@k from `n_samples` samples (Chen et al. 2021);
+- success by difficulty (the long tail: where the model stops being reliable);
+- format-following rate: the completion has the shape the verifier needs (a number / valid JSON / code that
+  parses), passing or not;
+- self-repair for code: a failed program is shown with its sandbox error and the model retries, up to
+  `repair_turns` times; success within R turns;
+- long-context consistency: the same tasks with distractor text (other tasks) in front; pass@1 there and the
+  share of greedy passes kept;
+- failure modes: each greedy failure is "capability" (no sample passed: pass@k low) or "instability" (some
+  sample passed: pass@k high, pass@1 low).
+
+Every function takes a rollout engine, so the same code measures through transformers or vLLM.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from training.evaluation.metrics import mean_pass_at_k
+from training.tasksets.schema import Task
+
+if TYPE_CHECKING:
+    from training.stages.evaluate import EvalConfig
+
+
+def format_ok(task: Task, completion: str) -> bool:
+    """Does the completion have the shape the task's verifier can judge (right or wrong)?"""
+    if task.verifier == "math":
+        from training.rewards.math import extract_answer, parse_number
+
+        return parse_number(extract_answer(completion)) is not None
+    if task.verifier == "json_rules":
+        from training.rewards.rules import extract_json
+
+        try:
+            return isinstance(extract_json(completion), (dict, list))
+        except (ValueError, TypeError):
+            return False
+    if task.verifier == "code":
+        from training.rewards.code import assemble_program
+
+        try:
+            ast.parse(assemble_program(completion, task.metadata))
+            return bool(completion.strip())
+        except SyntaxError:
+            return False
+    return bool(completion.strip())
+
+
+# ----- the measurements ---------------------------------------------------------------------------------------
+def by_domain(tasks: list[Task]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(tasks):
+        out[t.domain].append(i)
+    return dict(sorted(out.items()))
+
+
+def _greedy(engine: Any, prompts: list[str], cfg: "EvalConfig") -> list[str]:
+    outs = engine.generate(prompts, 1, cfg.max_new_tokens, temperature=0.0, seed=cfg.seed)
+    return [o[0].text for o in outs]
+
+
+def _repair_prompt(task: Task, completion: str, error: str) -> str:
+    error = " ".join(error.strip().splitlines()[-2:])[:160] or "wrong result"
+    return f"{task.prompt}{completion}\n# error: {error}\n# fixed:\n"
+
+
+def fit_prompt(tokenizer: Any, text: str, max_tokens: int | None) -> str:
+    """Keep the end of `text` (where the question is) within `max_tokens` tokens."""
+    if not max_tokens:
+        return text
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text if len(ids) <= max_tokens else tokenizer.decode(ids[-max_tokens:])
+
+
+def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: list[bool],
+                cfg: "EvalConfig", tokenizer: Any = None, max_context: int | None = None) -> dict[int, int]:
+    """{task index: turn it first passed at} for code tasks that failed greedily and were repaired."""
+    from sandbox import run_batch
+    from training.rewards.code import code_job
+
+    current = {i: completions[i] for i, t in enumerate(tasks) if t.verifier == "code" and not passed[i]}
+    repaired: dict[int, int] = {}
+    for turn in range(1, cfg.repair_turns + 1):
+        if not current:
+            break
+        idx = sorted(current)
+        jobs = {i: code_job(current[i], tasks[i].tests, tasks[i].metadata, tasks[i].id) for i in idx}
+        runnable = [i for i in idx if jobs[i] is not None]
+        errors = {i: "no code to run" for i in idx}  # an empty completion (or no usable tests)
+        errors.update({i: v.detail or v.stderr or v.status.value
+                       for i, v in zip(runnable, run_batch([jobs[i] for i in runnable]))})
+        budget = max_context - cfg.max_new_tokens if max_context else None
+        prompts = [fit_prompt(tokenizer, _repair_prompt(tasks[i], current[i], errors[i]), budget) for i in idx]
+        retry = [o[0].text for o in engine.generate(prompts, 1, cfg.max_new_tokens, temperature=0.0,
+                                                     seed=cfg.seed + turn)]
+        from training.rewards import score_tasks
+
+        scores = score_tasks([tasks[i] for i in idx], retry)
+        for i, text, score in zip(idx, retry, scores):
+            if score > 0:
+                repaired[i] = turn
+                del current[i]
+            else:
+                current[i] = text
+    return repaired
+
+
+def _n_tokens(tokenizer: Any, text: str) -> int:
+    return len(tokenizer(text)["input_ids"])
+
+
+def _distractor(tasks: list[Task], rng: random.Random, tokenizer: Any, budget: int) -> str:
+    """Other tasks (prompt + reference) as filler, as many as fit in `budget` tokens."""
+    parts, used = [], 0
+    for _ in range(4 * max(budget, 1)):
+        other = tasks[rng.randrange(len(tasks))]
+        text = f"{other.prompt}{other.reference}\n"
+        cost = _n_tokens(tokenizer, text)
+        if used + cost > budget:
+            if used:
+                break
+            continue
+        parts.append(text)
+        used += cost
+    return "".join(parts)
+
+
+def context_limit(model: Any) -> int | None:
+    cfg = getattr(model, "config", None)
+    return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+
+
+def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: "EvalConfig",
+                   max_context: int | None = None) -> dict[str, Any]:
+    """Every measurement above for one model; counts are kept so the gate can compute intervals.
+
+    max_context: the model's position limit; distractor text is cut so prompt + completion fit in it.
+    """
+    from training.rewards import score_tasks
+
+    prompts = [t.prompt for t in tasks]
+    greedy = _greedy(engine, prompts, cfg)
+    passed = [s > 0 for s in score_tasks(tasks, greedy)]
+    sampled = engine.generate(prompts, cfg.n_samples, cfg.max_new_tokens, temperature=cfg.temperature,
+                              seed=cfg.seed)
+    flat_tasks = [t for t in tasks for _ in range(cfg.n_samples)]
+    flat = score_tasks(flat_tasks, [c.text for group in sampled for c in group])
+    correct = [sum(1 for s in flat[i * cfg.n_samples:(i + 1) * cfg.n_samples] if s > 0) for i in range(len(tasks))]
+    repaired = self_repair(engine, tasks, greedy, passed, cfg, tokenizer, max_context) if cfg.repair_turns > 0 else {}
+
+    rng = random.Random(cfg.seed)
+    domains = by_domain(tasks)
+    long_idx = [i for idx in domains.values() for i in idx[:cfg.long_context_tasks]]
+    long_prompts = []
+    for i in long_idx:
+        budget = cfg.distractor_tokens
+        if max_context:
+            budget = min(budget, max_context - cfg.max_new_tokens - _n_tokens(tokenizer, tasks[i].prompt))
+        long_prompts.append(_distractor(tasks, rng, tokenizer, budget) + tasks[i].prompt)
+    long_out = [o[0].text for o in engine.generate(long_prompts, 1, cfg.max_new_tokens, temperature=0.0,
+                                                    seed=cfg.seed)]
+    long_pass = dict(zip(long_idx, (s > 0 for s in score_tasks([tasks[i] for i in long_idx], long_out))))
+
+    report: dict[str, Any] = {}
+    for domain, idx in domains.items():
+        ks = [k for k in cfg.ks if k <= cfg.n_samples]
+        by_diff: dict[str, dict[str, int]] = {}
+        for i in idx:
+            d = by_diff.setdefault(str(tasks[i].difficulty), {"passed": 0, "total": 0})
+            d["total"] += 1
+            d["passed"] += int(passed[i])
+        failures = [i for i in idx if not passed[i]]
+        code = tasks[idx[0]].verifier == "code"
+        lc = [i for i in idx if i in long_pass]
+        kept = [i for i in lc if passed[i]]
+        report[domain] = {
+            "pass1": {"passed": sum(passed[i] for i in idx), "total": len(idx)},
+            "pass_at_k": {str(k): mean_pass_at_k([(cfg.n_samples, correct[i]) for i in idx], k) for k in ks},
+            "by_difficulty": dict(sorted(by_diff.items())),
+            "format_rate": sum(format_ok(tasks[i], greedy[i]) for i in idx) / len(idx),
+            "failure_modes": {
+                "capability": sum(1 for i in failures if correct[i] == 0),
+                "instability": sum(1 for i in failures if correct[i] > 0),
+            },
+            "long_context": {
+                "passed": sum(long_pass[i] for i in lc), "total": len(lc),
+                "consistency": (sum(long_pass[i] for i in kept) / len(kept)) if kept else None,
+            },
+            **({"self_repair": {
+                "failed_first": len(failures),
+                "repaired_within": {str(r): sum(1 for t in repaired.values() if t <= r)
+                                    for r in range(1, cfg.repair_turns + 1)},
+                "pass_within_turns": (sum(passed[i] for i in idx) + len([i for i in idx if i in repaired]))
+                / len(idx),
+            }} if code else {}),
+        }
+    samples = [{"id": tasks[i].id, "domain": tasks[i].domain, "prompt": tasks[i].prompt,
+                "completion": greedy[i], "passed": passed[i]} for idx in domains.values() for i in idx[:10]]
+    return {"domains": report, "samples": samples}
+
+
+def pass1_rate(model_report: dict[str, Any], domain: str) -> float:
+    c = model_report["domains"][domain]["pass1"]
+    return c["passed"] / c["total"] if c["total"] else 0.0

@@ -1,0 +1,73 @@
+"""The evaluation report for people: Markdown (report.md), and the same as a self-contained HTML page
+(report.html) with the plots inlined. The HTML is rendered from the Markdown by markdown-it-py (CommonMark plus
+tables), so the two can never say different things."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Any
+
+from training.evaluation.measure import pass1_rate
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    models = report["models"]
+    domains = sorted(models["candidate"]["domains"])
+    names = list(models)
+    lines = [f"# Evaluation: {report['candidate_stage']} of run {report['run_id']}", "",
+             "## Holdout pass@1 per domain", "",
+             "| domain | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for d in domains:
+        cells = []
+        for n in names:
+            c = models[n]["domains"].get(d, {}).get("pass1", {"passed": 0, "total": 0})
+            cells.append(f"{c['passed']}/{c['total']} ({c['passed'] / max(c['total'], 1):.1%})")
+        lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    cand = models["candidate"]["domains"]
+    lines += ["", "## Candidate in detail", "",
+              "| domain | pass@k | format | capability / instability failures | long-context pass (consistency) |",
+              "|---|---|---|---|---|"]
+    for d in domains:
+        r = cand[d]
+        pk = ", ".join(f"@{k} {v:.2f}" for k, v in r["pass_at_k"].items())
+        lc = r["long_context"]
+        cons = "n/a" if lc["consistency"] is None else f"{lc['consistency']:.0%}"
+        lines.append(f"| {d} | {pk} | {r['format_rate']:.0%} | {r['failure_modes']['capability']} / "
+                     f"{r['failure_modes']['instability']} | {lc['passed']}/{lc['total']} ({cons}) |")
+    for d in domains:
+        if "self_repair" in cand[d]:
+            sr = cand[d]["self_repair"]
+            lines += ["", f"Self-repair ({d}): {sr['failed_first']} failed first; repaired within turns "
+                          f"{sr['repaired_within']}; pass within turns {sr['pass_within_turns']:.1%}."]
+    lines += ["", "## By difficulty (candidate, greedy)", ""]
+    for d in domains:
+        cells = ", ".join(f"L{k}: {v['passed']}/{v['total']}" for k, v in cand[d]["by_difficulty"].items())
+        lines.append(f"- **{d}**: {cells}")
+    lines += ["", "![pass@1 per domain](plots/pass1_by_domain.png)"]
+    if report.get("rounds"):
+        lines += ["", "![reward per round](plots/reward_per_round.png)"]
+    return "\n".join(lines) + "\n"
+
+
+STYLE = ("body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#202124}"
+         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #dadce0;padding:4px 10px}"
+         "th{background:#f1f3f4}img{max-width:100%}")
+
+
+def render_html(markdown: str, plots: dict[str, Path]) -> str:
+    """A self-contained page: the Markdown rendered, each `plots/<name>.png` image inlined as base64."""
+    from markdown_it import MarkdownIt
+
+    inlined = {f"plots/{path.name}": "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+               for path in plots.values()}
+    renderer = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens = renderer.parse(markdown)
+    for token in tokens:
+        for child in token.children or []:
+            if child.type == "image" and child.attrGet("src") in inlined:
+                child.attrSet("src", inlined[str(child.attrGet("src"))])
+    body = renderer.renderer.render(tokens, renderer.options, {})
+    return (f"<!doctype html><meta charset=utf-8><title>posttrain evaluation</title><style>{STYLE}</style>\n"
+            f"{body}")

@@ -1,0 +1,149 @@
+"""Stage `evaluate` (`posttrain evaluate`): the candidate, the SFT baseline and the champion on the same
+holdout, per domain.
+
+What is measured for each model (all on the run's holdout split, per domain):
+- pass@1 (greedy) and unbiased pass@k from `n_samples` samples (Chen et al. 2021);
+- success by difficulty (the long tail: where the model stops being reliable);
+- format-following rate: the completion has the shape the verifier needs (a number / valid JSON / code that
+  parses), passing or not;
+- self-repair for code: a failed program is shown with its sandbox error and the model retries, up to
+  `repair_turns` times; success within R turns;
+- long-context consistency: the same tasks with distractor text (other tasks) in front; pass@1 there and the
+  share of greedy passes kept;
+- failure modes: each greedy failure is "capability" (no sample passed: pass@k low) or "instability" (some
+  sample passed: pass@k high, pass@1 low).
+
+Outputs under `<run>/evaluate/`: report.json (machine-readable, read by the gate), report.md and report.html
+(with plots: pass@1 per domain against the champion and the SFT baseline, reward per RL round), plots/*.png.
+All of it is logged to the stage's MLflow run. The measurements live in training/evaluation/measure.py, the
+choice of models in candidates.py, plots and rendering in plots.py and report.py.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training import storage
+from training.config import ConfigBase
+from training.evaluation.candidates import latest_policy_stage, rounds_history
+from training.evaluation.measure import by_domain, context_limit, evaluate_model, pass1_rate
+from training.evaluation.plots import plot_report
+from training.evaluation.report import render_html, render_markdown
+from training.registry import DEFAULT_MODEL_NAME
+from training.stage import StageContext
+
+STAGE = "evaluate"
+MODEL_SUBDIR = "model"
+
+
+@dataclass(frozen=True)
+class EvalConfig(ConfigBase):
+    """Holdout evaluation.
+
+    candidate:          "latest" (the highest complete rl_round_N of this run, else sft), a stage name of this
+                        run, or a model folder URI.
+    baseline_stage:     the SFT stage of this run, the reference every RL round must beat.
+    compare_champion:   also evaluate the MLflow registry's `champion` of `model_name` (skipped if none yet).
+    max_tasks_per_domain: cap on holdout tasks per domain (keeps evaluation cheap on CPU).
+    n_samples / ks:     samples per task at `temperature` for unbiased pass@k (Chen et al. 2021), k <= n.
+    repair_turns:       self-repair rounds for failed code tasks (the model sees the sandbox error).
+    long_context_tasks: tasks per domain re-asked behind distractor text; distractor_tokens is its length.
+    """
+
+    candidate: str = "latest"
+    baseline_stage: str = "sft"
+    compare_champion: bool = True
+    model_name: str = DEFAULT_MODEL_NAME
+    max_tasks_per_domain: int = 200
+    max_new_tokens: int = 48
+    n_samples: int = 8
+    ks: list[int] = field(default_factory=lambda: [1, 4, 8])
+    temperature: float = 0.8
+    repair_turns: int = 1
+    long_context_tasks: int = 40
+    distractor_tokens: int = 48
+    seed: int = 0
+    batch_size: int = 256
+
+
+# ----- the stage ----------------------------------------------------------------------------------------------
+def _load(spec: str, cache: Path) -> tuple[Any, Any]:
+    from training.models import load_model
+
+    return load_model(spec, MODEL_SUBDIR, cache_dir=cache)
+
+
+def body(ctx: StageContext) -> dict[str, Any]:
+    from training.rollout.hf import HFRolloutEngine
+
+    cfg: EvalConfig = ctx.config  # type: ignore[assignment]
+    holdout = ctx.tasks("holdout")
+    rng = random.Random(cfg.seed)
+    tasks = []
+    for idx in by_domain(holdout).values():
+        chosen = sorted(rng.sample(idx, min(len(idx), cfg.max_tasks_per_domain)))
+        tasks += [holdout[i] for i in chosen]
+    ctx.progress(f"holdout: {len(tasks)} tasks in {len(by_domain(tasks))} domains")
+
+    rounds = rounds_history(ctx.run_uri)
+    candidate_stage = latest_policy_stage(rounds, cfg.baseline_stage) if cfg.candidate == "latest" \
+        else cfg.candidate
+    specs: dict[str, str] = {}
+    if "://" in candidate_stage:
+        specs["candidate"] = candidate_stage
+    else:
+        specs["candidate"] = ctx.input(candidate_stage).uri
+    specs["sft"] = ctx.input(cfg.baseline_stage).uri
+    if cfg.compare_champion:
+        from training.registry import champion
+
+        champ = champion(cfg.model_name)
+        if champ is not None:
+            specs["champion"] = champ.source
+            ctx.add_parent(storage.require_manifest(champ.source, "champion"))
+            ctx.progress(f"champion: {cfg.model_name} v{champ.version} at {champ.source}")
+        else:
+            ctx.progress(f"no champion registered for {cfg.model_name} yet; comparing with the SFT baseline only")
+
+    models: dict[str, Any] = {}
+    for name in ("sft", "champion", "candidate"):
+        if name not in specs:
+            continue
+        same = next((m for m in models.values() if m["uri"] == specs[name]), None)
+        if same is not None:  # e.g. no RL round yet: the candidate is the SFT model itself
+            models[name] = same
+            continue
+        model, tok = _load(specs[name], ctx.workdir / f"model-{name}")
+        model.eval()
+        engine = HFRolloutEngine(model, tok, batch_size=cfg.batch_size)
+        models[name] = {"uri": specs[name], **evaluate_model(engine, tok, tasks, cfg, context_limit(model))}
+        ctx.progress(f"evaluated {name}", **{f"{name}_pass1_{d}": pass1_rate(models[name], d)
+                                              for d in models[name]["domains"]})
+
+    report = {"run_id": ctx.run_id, "candidate_stage": candidate_stage, "config": cfg.to_dict(),
+              "models": models, "rounds": rounds}
+    plots = plot_report(report, ctx.workdir / "plots")
+    markdown = render_markdown(report)
+    page = render_html(markdown, plots)
+    ctx.writer.put_json(report, "report.json")
+    ctx.writer.put_bytes(markdown.encode(), "report.md")
+    ctx.writer.put_bytes(page.encode(), "report.html")
+    for name, path in plots.items():
+        ctx.writer.put_file(path, f"plots/{path.name}")
+        ctx.mlflow.log_artifact(path, "plots")
+    ctx.mlflow.log_text(markdown, "report.md")
+    ctx.mlflow.log_text(page, "report.html")
+    ctx.mlflow.log_dict(report, "report.json")
+    ctx.mlflow.log_table(models["candidate"]["samples"], "samples.json")
+    summary = {name: {d: round(pass1_rate(rep, d), 4) for d in rep["domains"]} for name, rep in models.items()}
+    return {"candidate_stage": candidate_stage, "candidate_uri": specs["candidate"], "pass1": summary}
+
+
+def cli(argv: list[str], prog: str = "posttrain evaluate") -> int:
+    from training.cli import stage_cli
+
+    return stage_cli(argv, prog, "Evaluate the candidate, SFT baseline and champion on the holdout.", EvalConfig,
+                     STAGE, body)
