@@ -10,7 +10,9 @@ SQLite database, AIRFLOW_HOME, and `env` (the exports a stage or a shell needs t
 
 The S3 server is moto's server: MinIO cannot be installed from the package registries this project may use, so
 moto is the dev/CI stand-in for MinIO (the compose file in infra/ runs real MinIO). Everything speaks to it with
-plain boto3 and an endpoint URL, exactly as it would to MinIO or AWS.
+plain boto3 and an endpoint URL, exactly as it would to MinIO or AWS. It keeps everything in memory, and it is
+started through `s3_server.py`, which creates the buckets before the server listens: once S3 answers at all,
+its buckets are there.
 
 Each service runs in its own session (process group), so `down` stops the whole group: `airflow api-server`
 and `mlflow server` fork workers that would otherwise outlive their parent. A pid file records the process start
@@ -157,12 +159,13 @@ class Stack:
     # ----- service definitions ---------------------------------------------------------------------------
     def _service(self, name: str) -> Service:
         if name == "s3":
-            return Service(
-                "s3",
-                [_bin("moto_server"), "-H", "127.0.0.1", "-p", str(self.ports["s3"])],
-                f"{self.s3_url}/moto-api/",
-                start_timeout_s=60,
-            )
+            # Not `moto_server` and PUTs after it is healthy: a client retrying through the start-up could land
+            # in between and get NoSuchBucket. s3_server.py creates the buckets before it binds the port.
+            argv = [sys.executable, str(REPO / "infra" / "local" / "s3_server.py"),
+                    "--host", "127.0.0.1", "--port", str(self.ports["s3"])]
+            for bucket in BUCKETS:
+                argv += ["--bucket", bucket]
+            return Service("s3", argv, f"{self.s3_url}/moto-api/", start_timeout_s=60)
         if name == "mlflow":
             db = self.mlflow_db
             db.parent.mkdir(parents=True, exist_ok=True)
@@ -251,7 +254,7 @@ class Stack:
             self._wait_healthy(svc)
             say(f"  {name:8s} up  (logs: {self.log_dir / (name + '.log')})")
             if name == "s3":
-                self._create_buckets()
+                self._check_buckets()
                 if self._reset_mlflow(say) and "mlflow" not in order:
                     order.append("mlflow")  # it was running on the old S3: bring it back, on the new one
         self._write_env_file()
@@ -301,14 +304,22 @@ class Stack:
         self.down(only=(svc.name,), quiet=True)
         raise StackError(f"{svc.name} did not become healthy at {svc.health_url}; last log lines:\n{tail}")
 
-    def _create_buckets(self) -> None:
+    def _check_buckets(self) -> None:
+        """The S3 server creates its buckets before it listens; this only confirms it (a moto upgrade that moved
+        its backends would show here, at `up`, rather than as NoSuchBucket in some stage). It creates nothing."""
+        missing = []
         for bucket in BUCKETS:
-            req = urllib.request.Request(f"{self.s3_url}/{bucket}", method="PUT")
+            req = urllib.request.Request(f"{self.s3_url}/{bucket}", method="HEAD")
             try:
                 urllib.request.urlopen(req, timeout=10).close()
             except urllib.error.HTTPError as err:
-                if err.code != 409:  # 409: it exists already
+                if err.code != 404:
                     raise
+                missing.append(bucket)
+        if missing:
+            tail = _tail(self.log_dir / "s3.log")
+            self.down(only=("s3",), quiet=True)
+            raise StackError(f"s3 came up without bucket(s) {', '.join(missing)}; last log lines:\n{tail}")
 
     def _write_env_file(self) -> None:
         lines = [f"export {k}={v}" for k, v in self.client_env().items()]

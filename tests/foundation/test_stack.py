@@ -7,13 +7,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from infra.local.stack import Stack, StackError, free_port
+from infra.local.stack import BUCKETS, DEV_ACCESS_KEY, DEV_SECRET_KEY, Stack, StackError, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,6 +90,54 @@ def test_up_status_down_full_stack(tmp_path: Path) -> None:
         stack.down(quiet=True)
         bystander.send_signal(signal.SIGKILL)
         bystander.wait()
+
+
+@pytest.mark.slow
+def test_s3_answers_only_with_its_buckets(tmp_path: Path) -> None:
+    """The first HTTP answer the S3 server ever gives already finds its buckets: no client (one retrying
+    through the start-up, say) can land between "listening" and "buckets created" and get NoSuchBucket."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # Built beforehand, with no retries: the HEADs must follow the first answer at once, and a 404 must show.
+    s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=DEV_ACCESS_KEY,
+                      aws_secret_access_key=DEV_SECRET_KEY,
+                      config=Config(retries={"total_max_attempts": 1}, connect_timeout=5, read_timeout=10))
+    stop = threading.Event()
+    seen: dict[str, object] = {}
+
+    def poll() -> None:
+        while not stop.is_set():
+            try:
+                urllib.request.urlopen(f"{url}/", timeout=2).close()
+            except urllib.error.HTTPError:
+                pass  # an HTTP error is an answer too: the server is serving
+            except OSError:
+                time.sleep(0.005)  # not listening yet: poll again, tightly, to catch the earliest moment
+                continue
+            for bucket in BUCKETS:
+                try:
+                    s3.head_bucket(Bucket=bucket)
+                    seen[bucket] = "ok"
+                except ClientError as err:
+                    seen[bucket] = err.response["Error"]
+            return
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    stack = Stack(tmp_path, ports={"s3": port})
+    try:
+        stack.up(("s3",), quiet=True)
+        poller.join(timeout=30)
+        assert not poller.is_alive(), "the poller never got an answer from the S3 server"
+        assert seen == dict.fromkeys(BUCKETS, "ok")
+    finally:
+        stop.set()
+        poller.join(timeout=10)
+        stack.down(quiet=True)
 
 
 def test_port_taken_by_a_stranger_is_refused(tmp_path: Path) -> None:
