@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo up down status bench gpu-check clean
+.PHONY: install lint test test-fast demo up down status bench gpu-check clean
 
 install: $(STAMP)
 
@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PIP) check
 	@touch $@
 
+# The linter and the type checker run first: a red lint fails `make test` like a failing test.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
 # pytest exits 5 when it collects nothing; make propagates every non-zero exit, so that fails too.
-test: install
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install

@@ -27,10 +27,9 @@ def main() -> int:
 
     import datasets  # noqa: F401 - import cost is not part of any phase
 
-    from training.stages.build_taskset import TasksetConfig
+    from training.stages.build_taskset import TasksetConfig, build
     from training.tasksets.generators import generate
     from training.tasksets.io import save_tasks
-    from training.stages.build_taskset import build
 
     config = TasksetConfig(total=args.total)
     with tempfile.TemporaryDirectory(prefix="bench-taskset-") as tmp:

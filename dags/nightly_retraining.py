@@ -11,8 +11,17 @@ from airflow.sdk import DAG, chain
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from operators.pipeline import (DAG_DEFAULTS, MODEL_NAME, PARAMS, TASKSET_ASSET, TASKSETS_ROOT,
-                                rounds_through_promotion, run_slug, spec, stage_config)
+from operators.pipeline import (
+    DAG_DEFAULTS,
+    MODEL_NAME,
+    PARAMS,
+    TASKSET_ASSET,
+    TASKSETS_ROOT,
+    rounds_through_promotion,
+    run_slug,
+    spec,
+    stage_config,
+)
 from operators.stage_operator import PosttrainStageOperator
 
 RUN_URI = "{{ params.run_root }}/{{ run_slug(run_id) }}"
@@ -21,8 +30,10 @@ NIGHTLY_PARAMS = {k: v for k, v in PARAMS.items() if k not in ("base_model", "pr
 with DAG(
     dag_id="nightly_retraining",
     description="Nightly GRPO rounds from the champion on the newest task set, gated against the champion",
+    # The core timetable is annotated with scheduler-side SerializedAsset, but its __init__ converts SDK assets
+    # (ensure_serialized_asset: "so this class works in dag files"), so an SDK Asset is right at runtime.
     schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"),
-                                 assets=TASKSET_ASSET),
+                                 assets=TASKSET_ASSET),  # type: ignore[arg-type]
     params=NIGHTLY_PARAMS,
     user_defined_macros={"run_slug": run_slug, "stage_config": stage_config},
     max_active_runs=1,

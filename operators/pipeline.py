@@ -85,7 +85,8 @@ def stage_config(stage: str, params: dict[str, Any]) -> str:
 
 
 def spec(command: str, *args: str, gpus: int = 0) -> StageSpec:
-    return StageSpec(command, tuple(args), launcher=LAUNCHER, image=TRAIN_IMAGE, gpus=gpus if LAUNCHER != "local" else 0)
+    return StageSpec(command, tuple(args), launcher=LAUNCHER, image=TRAIN_IMAGE,
+                     gpus=gpus if LAUNCHER != "local" else 0)
 
 
 class GateBranchOperator(BaseBranchOperator):

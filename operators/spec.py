@@ -39,7 +39,7 @@ class StageSpec:
         if self.gpus < 0:
             raise ValueError(f"gpus must be >= 0, got {self.gpus}")
 
-    def with_(self, **changes) -> "StageSpec":
+    def with_(self, **changes) -> StageSpec:
         return replace(self, **changes)
 
     def argv(self, run_uri: str, config: str | None) -> list[str]:

@@ -8,8 +8,9 @@ retry simply runs the same command again and the stage resumes from its own chec
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
-from typing import Any, Sequence
+from typing import Any
 
 from airflow.sdk import BaseOperator
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any
 
 from airflow.sdk import BaseHook
 

@@ -132,9 +132,9 @@ def build_parser(prog: str = "posttrain sandbox") -> argparse.ArgumentParser:
                      help="tests: a .json list of {call, expected} objects, or a Python file of assert lines")
     run.add_argument("--entry-point", help="with a HumanEval `def check(candidate)` tests file: the function name")
     run.add_argument("--json", action="store_true", help="print the verdict as JSON")
-    run.add_argument("--timeout", type=float, help="wall and CPU seconds (default: %g)" % Limits().wall_s)
-    run.add_argument("--memory-mb", type=int, help="address space MB on top of the interpreter (default: %d)"
-                     % Limits().memory_mb)
+    run.add_argument("--timeout", type=float, help=f"wall and CPU seconds (default: {Limits().wall_s:g})")
+    run.add_argument("--memory-mb", type=int,
+                     help=f"address space MB on top of the interpreter (default: {Limits().memory_mb:d})")
     run.add_argument("--allow-unisolated", action="store_true",
                      help="run even without network isolation (rlimits only)")
     run.set_defaults(func=_cmd_run)

@@ -13,9 +13,9 @@ import json
 import secrets
 import shutil
 import subprocess
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 from sandbox.spec import IsolationLevel, Job, Verdict
 from sandbox.verdict import error_verdict, make_verdict

@@ -15,7 +15,8 @@ import json
 import math
 import os
 import sys
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 MAX_DEPTH = 100
 _type = type  # captured before candidate code could shadow anything

@@ -17,7 +17,8 @@ import ctypes
 import os
 import resource
 import signal
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000

@@ -26,6 +26,9 @@ MAX_JOBS_PER_REQUEST = 4096
 
 class SandboxServer(ThreadingHTTPServer):
     daemon_threads = True
+    # An AF_INET server: after bind, `server_address` is getsockname()'s (host str, port) (typeshed's union also
+    # allows bytes hosts and AF_INET6 4-tuples).
+    server_address: tuple[str, int]
 
     def __init__(self, address: tuple[str, int], pool: Pool, concurrency: int) -> None:
         super().__init__(address, _Handler)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Sequence
+from typing import Any
 
 
 class Status(str, enum.Enum):

@@ -6,9 +6,9 @@ host. The process is started elsewhere (the fork template, `sandbox.template`, o
 container) and reported back through `started` / `exited`.
 
 `job_main` is the job process: it reads its request from a pipe, enters the private work dir the worker made
-for it, confines itself and runs the harness. With namespaces it is pid 1 of its own pid namespace: when it exits, the kernel kills
-every process it left behind. The report carries the raw result bytes; the host decodes and compares them,
-so expected values never come here either.
+for it, confines itself and runs the harness. With namespaces it is pid 1 of its own pid namespace: when it
+exits, the kernel kills every process it left behind. The report carries the raw result bytes; the host
+decodes and compares them, so expected values never come here either.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def uid_for(ctx: dict[str, Any], request: dict[str, Any]) -> int | None:
 
 
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(fd, 65536)
         if not chunk:
@@ -284,7 +284,8 @@ def run_single(request: dict[str, Any], ctx: dict[str, Any]) -> bytes:
     pid = os.fork()
     if pid == 0:
         os.close(sup.request_fd)  # else the job waits forever for the end of its own request
-        job_main(*sup.child_fds, ctx)
+        out_w, err_w, res_w, req_r = sup.child_fds  # all four: `started` (which empties it) has not run yet
+        job_main(out_w, err_w, res_w, req_r, ctx)
     try:
         pidfd: int | None = os.pidfd_open(pid)
     except (AttributeError, OSError):

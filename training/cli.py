@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from training.stage import StageContext
@@ -23,12 +24,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-taskset": ("training.stages.build_taskset:cli",
                       "build the verifiable task set (generate/load, validate, dedup, split)"),
     "sft": ("training.stages.sft:cli", "supervised fine-tuning on the task set (response-only loss, packing, resume)"),
-    "rl-round": ("training.stages.rl_round:cli", "one GRPO round (--round N): rollouts, verifier rewards, policy update"),
+    "rl-round": ("training.stages.rl_round:cli",
+                 "one GRPO round (--round N): rollouts, verifier rewards, policy update"),
     "evaluate": ("training.stages.evaluate:cli", "evaluate candidate, SFT baseline and champion on the holdout"),
     "gate": ("training.stages.gate:cli", "decide promote/block from the evaluation (per-domain intervals)"),
     "promote": ("training.stages.promote:cli", "register the gated candidate, move the `champion` alias"),
     # tools
-    "taskset": ("training.tasksets.check:cli", "task-set tools: `taskset check FILE [--quarantine OUT]` validates task files"),
+    "taskset": ("training.tasksets.check:cli",
+                "task-set tools: `taskset check FILE [--quarantine OUT]` validates task files"),
     "sandbox": ("sandbox.cli:main", "run untrusted code against tests in the sandbox (`run`, `serve`, `info`)"),
     "adopt": ("training.cli_storage:adopt_cli", "copy a complete folder (champion, newest task set) into a run"),
     "latest": ("training.cli_storage:latest_cli", "show or move a latest.json pointer"),
@@ -74,9 +77,10 @@ def run_cli(fn: Callable[[], Any], user_errors: tuple[type[BaseException], ...] 
     from training.storage import StorageError
     from training.tracking import TrackingUnavailable
 
+    handled: tuple[type[BaseException], ...] = (ConfigError, StorageError, TrackingUnavailable, *user_errors)
     try:
         rc = fn()
-    except (ConfigError, StorageError, TrackingUnavailable, *user_errors) as err:
+    except handled as err:
         print(f"posttrain: error: {err}", file=sys.stderr)
         return 2
     return int(rc or 0)

@@ -12,8 +12,9 @@ import dataclasses
 import json
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 C = TypeVar("C")
 
@@ -99,7 +100,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             except ConfigError as err:
                 errors.append(str(err))
         raise ConfigError(errors[0] if errors else f"{where}: unexpected value {value!r}")
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a dataclass type, never an instance
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected an object for {hint.__name__}, got {value!r}")
         return from_dict(hint, value, where)

@@ -21,7 +21,8 @@ def cache_kwarg(model: Any) -> str:
 
 def cache_of(out: Any) -> Any:
     """The KV cache of a forward output (`cache` in transformers 5.x, `past_key_values` before)."""
-    return out["cache"] if "cache" in out else out.past_key_values
+    # not out.get("cache", out.past_key_values): that reads the old attribute even when it is gone
+    return out["cache"] if "cache" in out else out.past_key_values  # noqa: SIM401
 
 
 def select_cache_rows(cache: Any, rows: torch.Tensor) -> bool:

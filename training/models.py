@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from training import storage
 
@@ -140,7 +141,7 @@ def save_pretrained(model: Any, tokenizer: Any, dest: str | Path) -> Path:
     return dest
 
 
-def save_checkpoint(model: Any, tokenizer: Any, target: "storage.ManifestWriter | str | Path",
+def save_checkpoint(model: Any, tokenizer: Any, target: storage.ManifestWriter | str | Path,
                     rel: str = "model") -> None:
     """Save to a local folder (`target` a path) or into a manifested folder under `rel` (`target` a writer)."""
     if isinstance(target, storage.ManifestWriter):

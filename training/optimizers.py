@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -11,7 +12,8 @@ def adamw(model: Any, lr: float, betas: Sequence[float], weight_decay: float) ->
     """AdamW over the parameters that require grad (LoRA: the adapters only). Decoupled weight decay applies
     to matrices only, not to biases and norm gains (1-D tensors), as in GPT-2/nanoGPT: decaying a gain pulls
     the layer's output scale towards zero for no regularisation benefit."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 else no_decay).append(p)

@@ -26,9 +26,10 @@ import logging
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from training import storage, tracking
 from training.config import ConfigBase
@@ -80,7 +81,7 @@ class StageContext:
             self.parents.append(manifest)
         return manifest
 
-    def tasks(self, split: str) -> list["Task"]:
+    def tasks(self, split: str) -> list[Task]:
         """One split ("train" / "holdout") of this run's task set, checksums verified; the task set becomes a
         parent of this stage."""
         from training.tasksets.io import load_stage_tasks

@@ -34,10 +34,11 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import unquote, urlparse
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,8 @@ class ObjectNotFound(StorageError):
 # ----- retries ------------------------------------------------------------------------------------------------
 def _is_transient(err: BaseException) -> bool:
     try:
-        from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, ReadTimeoutError
+        from botocore.exceptions import ClientError, ReadTimeoutError
+        from botocore.exceptions import ConnectionError as BotoConnectionError
     except ImportError:  # pragma: no cover - boto3 is a hard dependency
         return False
     if isinstance(err, (BotoConnectionError, ReadTimeoutError, ConnectionError, TimeoutError)):
@@ -127,7 +129,7 @@ class FileBackend:
     def _path(self, key: str) -> Path:
         return self.root / key
 
-    def _atomic_write(self, key: str, write: Callable[[Path], None]) -> None:
+    def _atomic_write(self, key: str, write: Callable[[Path], object]) -> None:
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
@@ -287,7 +289,7 @@ class Location:
         rel = rel.strip("/")
         return f"{self.prefix}/{rel}" if self.prefix and rel else (self.prefix or rel)
 
-    def child(self, rel: str) -> "Location":
+    def child(self, rel: str) -> Location:
         return Location(join(self.uri, rel), self.backend, self.key(rel))
 
 
@@ -381,7 +383,7 @@ class Manifest:
         )
 
     @classmethod
-    def from_json(cls, text: str, where: str) -> "Manifest":
+    def from_json(cls, text: str, where: str) -> Manifest:
         try:
             raw = json.loads(text)
             files = {k: FileEntry(int(v["size"]), str(v["sha256"])) for k, v in raw["files"].items()}
@@ -449,7 +451,7 @@ class ManifestWriter:
             parents=[p.as_parent() for p in parents or []],
             git_rev=git_revision(),
             mlflow_run_id=mlflow_run_id,
-            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             extra=extra or {},
         )
         self.loc.backend.put_bytes(manifest.to_json().encode(), self.loc.key(MANIFEST))
@@ -532,7 +534,7 @@ def set_latest(pointer_dir: str, target_uri: str) -> None:
     manifest = require_manifest(target_uri, "latest target")
     loc = locate(pointer_dir)
     body = {"uri": manifest.uri, "created_at": manifest.created_at,
-            "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            "updated_at": datetime.now(UTC).isoformat(timespec="seconds")}
     loc.backend.put_bytes(json.dumps(body).encode(), loc.key(LATEST))
 
 

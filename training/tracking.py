@@ -17,9 +17,10 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 RUN_TAG = "posttrain.run_id"
 STAGE_TAG = "posttrain.stage"

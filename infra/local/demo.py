@@ -109,7 +109,8 @@ def main() -> int:
         pass
 
     print(f"\n== {DAG_ID} run {run_id}: {state} in {time.monotonic() - started:.0f}s")
-    print(f"  Airflow UI: {stack.airflow_url}/dags/{DAG_ID}  (user {AIRFLOW_USER}, password {stack.airflow_password()})")
+    print(f"  Airflow UI: {stack.airflow_url}/dags/{DAG_ID}  "
+          f"(user {AIRFLOW_USER}, password {stack.airflow_password()})")
     print(f"  MLflow UI : {stack.mlflow_url}  (experiment 'posttrain': parent run per pipeline run, nested stages)")
     from operators.pipeline import DEFAULT_RUN_ROOT, run_slug
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from operators.launchers.base import StageTimeout
 from operators.spec import StageSpec

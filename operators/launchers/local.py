@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from operators.launchers.base import StageTimeout
 from operators.spec import StageSpec

@@ -5,7 +5,6 @@ facing a planted degraded checkpoint and a planted reward hack.
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from pathlib import Path

@@ -49,10 +49,9 @@ def test_failed_stage_marked_failed_and_resumed_on_retry(local_stack) -> None:
     from mlflow.tracking import MlflowClient
 
     run_id = f"pipeline-{uuid.uuid4().hex[:8]}"
-    with pytest.raises(RuntimeError):
-        with tracking.stage_run(run_id, "rl_round_1") as first:
-            first.log_metrics({"reward": 0.1}, step=1)
-            raise RuntimeError("killed mid-round")
+    with pytest.raises(RuntimeError), tracking.stage_run(run_id, "rl_round_1") as first:
+        first.log_metrics({"reward": 0.1}, step=1)
+        raise RuntimeError("killed mid-round")
     client = MlflowClient()
     assert client.get_run(first.run_id).info.status == "FAILED"
     with tracking.stage_run(run_id, "rl_round_1") as second:

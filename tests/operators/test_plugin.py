@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from plugins.links import CheckpointLink, MlflowRunLink
 from operators.stage_operator import PosttrainStageOperator, browse_url
+from plugins.links import CheckpointLink, MlflowRunLink
 
 
 def test_plugin_registers_both_links() -> None:

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+from sandbox_helpers import SECRET_ENV, SECRET_VALUE, HostGuard, children, worker_pid
 
 from sandbox import Pool, SandboxUnavailable
-from sandbox_helpers import SECRET_ENV, SECRET_VALUE, HostGuard, children, worker_pid
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,8 @@ from pathlib import Path
 from string import Template
 
 import pytest
-
 from sandbox_helpers import SECRET_ENV, SECRET_VALUE, HostGuard
+
 from sandbox import IsolationLevel, Job, Limits, Pool, Status, TestCase
 
 FAST = Limits(wall_s=2.0, cpu_s=1.0)  # for the programs meant to run out of time

@@ -9,10 +9,10 @@ import threading
 import time
 
 import pytest
+from sandbox_helpers import descendants, worker_pid
 
 import sandbox
 from sandbox import IsolationLevel, Job, Limits, Pool, SandboxUnavailable, Status, TestCase
-from sandbox_helpers import descendants, worker_pid
 
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = [TestCase("add(2, 3)", 5), TestCase("add(-1, 1)", 0), TestCase("add('a', 'b')", "ab")]

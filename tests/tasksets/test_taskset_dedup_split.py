@@ -76,7 +76,7 @@ def test_mix_train_ratios() -> None:
     mixed, report = mix_train(train, {"math": 0.5, "code": 0.5}, seed=0)
     counts = Counter(t.domain for t in mixed)
     assert counts == {"math": 100, "code": 100, "user": 7}  # unmixed domains kept whole
-    assert Counter(t.difficulty for t in mixed if t.domain == "math") == {d: 20 for d in range(1, 6)}
+    assert Counter(t.difficulty for t in mixed if t.domain == "math") == dict.fromkeys(range(1, 6), 20)
     assert report["subsampled"] and report["dropped"] == 500 and report["unmixed_domains"] == ["user"]
     # within tolerance: nothing dropped
     mixed, report = mix_train(train[:600] + train[600:700], {"math": 0.84, "code": 0.16}, seed=0, tolerance=0.05)

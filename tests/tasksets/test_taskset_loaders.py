@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from training.tasksets.sources import SourceSpec
 from training.tasksets.loaders import load_source
+from training.tasksets.sources import SourceSpec
 from training.tasksets.validate import validate_rows
 
 needs_sandbox = pytest.mark.skipif(importlib.util.find_spec("sandbox") is None,
@@ -74,6 +74,7 @@ def test_gsm8k_bad_row_names_line_and_column(tmp_path) -> None:
 @needs_sandbox  # the adapter turns asserts into tests with sandbox.parse_assert_tests
 def test_mbpp_style_parquet(tmp_path) -> None:
     import datasets
+
     from sandbox import TestCase
 
     path = tmp_path / "mbpp.parquet"

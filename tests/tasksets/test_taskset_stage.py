@@ -7,9 +7,8 @@ import json
 import pytest
 
 from training import cli, storage
-from training.stages.build_taskset import SourceSpec, TasksetConfig
+from training.stages.build_taskset import SourceSpec, TasksetConfig, build
 from training.tasksets.io import load_stage_tasks, load_tasks
-from training.stages.build_taskset import build
 
 SMALL = {"total": 600, "holdout_fraction": 0.2}
 

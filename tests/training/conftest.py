@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from dataclasses import dataclass
+
+import pytest
 
 from training import stage
 from training.config import ConfigBase

@@ -7,8 +7,8 @@ import importlib
 import pytest
 import torch
 
-from training.rollout import Completion, RolloutEngine, make_engine
 from training.grpo_batches import build_batch, completion_logprobs
+from training.rollout import Completion, RolloutEngine, make_engine
 
 PROMPTS = ["Q: 12+3=? A:", "Extract age as JSON: Bob is 31.", "Q: 7+8=? A:"]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from training import checkpointing, models, stage, storage
-from training.stages.sft import (LoraSettings, SFTConfig, collate, lr_at, pack, response_loss, tokenize_example, train)
+from training.stages.sft import LoraSettings, SFTConfig, collate, lr_at, pack, response_loss, tokenize_example, train
 
 
 def test_tokenize_masks_prompt_and_trains_response_and_eos(tiny_model) -> None:

@@ -74,7 +74,7 @@ class Finding:
 
 
 def compare_domains(candidate: dict[str, Counts], reference: dict[str, Counts], reference_name: str,
-                    cfg: "GateConfig") -> list[Finding]:
+                    cfg: GateConfig) -> list[Finding]:
     findings = []
     for domain in sorted(set(candidate) | set(reference)):
         cand, ref = candidate.get(domain), reference.get(domain)
@@ -98,7 +98,7 @@ def compare_domains(candidate: dict[str, Counts], reference: dict[str, Counts], 
 
 
 def reward_hacking(train_reward: list[float], holdout_first: dict[str, Counts], holdout_last: dict[str, Counts],
-                   cfg: "GateConfig") -> list[Finding]:
+                   cfg: GateConfig) -> list[Finding]:
     """Train reward per RL round (first..last) vs holdout counts before the first and after the last round."""
     if len(train_reward) < 2:
         return []
@@ -135,7 +135,7 @@ class Verdict:
 
 
 def decide(candidate: dict[str, Counts], references: dict[str, dict[str, Counts]], train_reward: list[float],
-           holdout_first: dict[str, Counts] | None, cfg: "GateConfig") -> Verdict:
+           holdout_first: dict[str, Counts] | None, cfg: GateConfig) -> Verdict:
     """The verdict: promote only when no rule fires. `references` maps a name ("champion", "sft") to counts."""
     findings: list[Finding] = []
     for name in cfg.references:

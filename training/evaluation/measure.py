@@ -60,7 +60,7 @@ def by_domain(tasks: list[Task]) -> dict[str, list[int]]:
     return dict(sorted(out.items()))
 
 
-def _greedy(engine: Any, prompts: list[str], cfg: "EvalConfig") -> list[str]:
+def _greedy(engine: Any, prompts: list[str], cfg: EvalConfig) -> list[str]:
     outs = engine.generate(prompts, 1, cfg.max_new_tokens, temperature=0.0, seed=cfg.seed)
     return [o[0].text for o in outs]
 
@@ -79,7 +79,7 @@ def fit_prompt(tokenizer: Any, text: str, max_tokens: int | None) -> str:
 
 
 def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: list[bool],
-                cfg: "EvalConfig", tokenizer: Any = None, max_context: int | None = None) -> dict[int, int]:
+                cfg: EvalConfig, tokenizer: Any = None, max_context: int | None = None) -> dict[int, int]:
     """{task index: turn it first passed at} for code tasks that failed greedily and were repaired."""
     from sandbox import run_batch
     from training.rewards.code import code_job
@@ -92,7 +92,7 @@ def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: 
         idx = sorted(current)
         jobs = {i: code_job(current[i], tasks[i].tests, tasks[i].metadata, tasks[i].id) for i in idx}
         runnable = [i for i in idx if jobs[i] is not None]
-        errors = {i: "no code to run" for i in idx}  # an empty completion (or no usable tests)
+        errors = dict.fromkeys(idx, "no code to run")  # an empty completion (or no usable tests)
         errors.update({i: v.detail or v.stderr or v.status.value
                        for i, v in zip(runnable, run_batch([jobs[i] for i in runnable]))})
         budget = max_context - cfg.max_new_tokens if max_context else None
@@ -136,7 +136,7 @@ def context_limit(model: Any) -> int | None:
     return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
 
 
-def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: "EvalConfig",
+def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConfig,
                    max_context: int | None = None) -> dict[str, Any]:
     """Every measurement above for one model; counts are kept so the gate can compute intervals.
 

@@ -5,11 +5,8 @@ tables), so the two can never say different things."""
 from __future__ import annotations
 
 import base64
-import html
 from pathlib import Path
 from typing import Any
-
-from training.evaluation.measure import pass1_rate
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -43,8 +40,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                           f"{sr['repaired_within']}; pass within turns {sr['pass_within_turns']:.1%}."]
     lines += ["", "## By difficulty (candidate, greedy)", ""]
     for d in domains:
-        cells = ", ".join(f"L{k}: {v['passed']}/{v['total']}" for k, v in cand[d]["by_difficulty"].items())
-        lines.append(f"- **{d}**: {cells}")
+        levels = ", ".join(f"L{k}: {v['passed']}/{v['total']}" for k, v in cand[d]["by_difficulty"].items())
+        lines.append(f"- **{d}**: {levels}")
     lines += ["", "![pass@1 per domain](plots/pass1_by_domain.png)"]
     if report.get("rounds"):
         lines += ["", "![reward per round](plots/reward_per_round.png)"]

@@ -19,7 +19,8 @@ sandbox batch) and gives 1.0 only for a verified pass, else 0.0.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 RewardFn = Callable[..., list[float | None]]
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import ast
 import json
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from training.rewards import register_reward
 
@@ -96,7 +97,6 @@ def code_reward(prompts: Sequence[str], completions: Sequence[str], *, tests: Se
     if jobs:
         from sandbox import Status, run_batch
 
-        kwargs = {"concurrency": concurrency} if concurrency is not None else {}
-        for i, verdict in zip(rows, run_batch(jobs, **kwargs)):
+        for i, verdict in zip(rows, run_batch(jobs, concurrency=concurrency)):  # None: run_batch's default
             out[i] = 1.0 if verdict.status == Status.PASSED else 0.0
     return out

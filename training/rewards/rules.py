@@ -16,7 +16,8 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from training.rewards import register_reward
 
@@ -105,9 +106,9 @@ def rule_problems(obj: Any, rules: Sequence[dict[str, Any]]) -> list[str]:
                 ok = False
             if not ok:
                 problems.append(f"{path}: {value!r} does not match {rule['regex']!r}")
-        for bound, ok in (("min", lambda v, b: v >= b), ("max", lambda v, b: v <= b)):
+        for bound, within in (("min", lambda v, b: v >= b), ("max", lambda v, b: v <= b)):
             if bound in rule and not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                      and ok(value, rule[bound])):
+                                      and within(value, rule[bound])):
                 problems.append(f"{path}: {value!r} violates {bound} {rule[bound]!r}")
     return problems
 

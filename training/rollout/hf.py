@@ -126,9 +126,7 @@ class HFRolloutEngine:
                 break
             if not bool(running.all()):  # drop finished rows from the batch and the KV cache
                 keep = torch.nonzero(running).squeeze(-1)  # (A',)
-                if not select_cache_rows(past, keep):
-                    keep = None
-                if keep is not None:
+                if select_cache_rows(past, keep):  # an unknown cache layout keeps every row
                     active, tok, attn, next_pos = active[keep], tok[keep], attn[keep], next_pos[keep]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)  # (A, P+t+1)
             out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos.unsqueeze(-1),

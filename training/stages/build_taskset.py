@@ -32,8 +32,14 @@ from training.tasksets.loaders import load_source, source_label
 from training.tasksets.schema import Task
 from training.tasksets.sources import PROFILES, SourceSpec
 from training.tasksets.split import mix_train, stratified_split
-from training.tasksets.validate import (RawRow, RowError, TasksetValidationError, Validator, validate_rows,
-                                        validate_tasks)
+from training.tasksets.validate import (
+    RawRow,
+    RowError,
+    TasksetValidationError,
+    Validator,
+    validate_rows,
+    validate_tasks,
+)
 
 __all__ = ["TasksetConfig", "SourceSpec", "Build", "build", "body", "cli", "STAGE"]
 log = logging.getLogger("posttrain")
@@ -237,7 +243,7 @@ def body(ctx: StageContext) -> dict[str, Any]:
     from training.tasksets.io import save_tasks
     from training.tasksets.validate import write_quarantine
 
-    config: TasksetConfig = ctx.config
+    config: TasksetConfig = ctx.config  # type: ignore[assignment]  # run_stage was given a TasksetConfig
     started = time.perf_counter()
     result = build(config, cache_dir=str(ctx.workdir / "hf-cache"))
     report = result.report

@@ -131,7 +131,7 @@ def body(ctx: StageContext) -> dict[str, Any]:
     ctx.writer.put_json(report, "report.json")
     ctx.writer.put_bytes(markdown.encode(), "report.md")
     ctx.writer.put_bytes(page.encode(), "report.html")
-    for name, path in plots.items():
+    for path in plots.values():
         ctx.writer.put_file(path, f"plots/{path.name}")
         ctx.mlflow.log_artifact(path, "plots")
     ctx.mlflow.log_text(markdown, "report.md")

@@ -22,10 +22,10 @@ per domain (before and after), in the stage summary and in MLflow.
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +35,7 @@ from training import algorithms, checkpointing, models
 from training.config import ConfigBase
 from training.curriculum import Curriculum, domain_counts, pick_prompts
 from training.devices import resolve_device
-from training.grpo_batches import (PackedGroups, RolloutBatch, completion_logprobs, micro_batches,
-                                   takes_4d_mask)
+from training.grpo_batches import PackedGroups, RolloutBatch, completion_logprobs, micro_batches, takes_4d_mask
 from training.optimizers import adamw
 from training.rollout import ENGINES, Completion, make_engine
 from training.stage import StageContext, rl_round_stage
@@ -151,15 +150,14 @@ def derive_seed(*parts: Any) -> int:
 
 # ----- the update ---------------------------------------------------------------------------------------------
 def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer,
-                  chunks: list[RolloutBatch] | list[PackedGroups],
-                  cfg: GRPOConfig) -> dict[str, float]:
+                  chunks: Sequence[RolloutBatch | PackedGroups], cfg: GRPOConfig) -> dict[str, float]:
     """`updates_per_batch` optimizer steps on one rollout batch (as micro-batches); averaged loss statistics."""
     with torch.no_grad():
         ref_logp = ([completion_logprobs(ref_model, c, cfg.temperature) for c in chunks]
                     if ref_model is not None and cfg.beta else None)  # [(n, L_c)]
         old_logp = ([completion_logprobs(model, c, cfg.temperature) for c in chunks]
                     if cfg.updates_per_batch > 1 else None)  # [(n, L_c)]
-    n_tokens = sum(c.completion_mask.sum() for c in chunks).clamp(min=1)
+    n_tokens = torch.stack([c.completion_mask.sum() for c in chunks]).sum().clamp(min=1)
     n_seqs = sum(c.completion_mask.shape[0] for c in chunks)
     stats: dict[str, float] = defaultdict(float)
     for _ in range(cfg.updates_per_batch):
@@ -242,7 +240,7 @@ class Round:
 
     @classmethod
     def build(cls, cfg: GRPOConfig, round_: int, model: Any, tokenizer: Any, ref_model: Any | None,
-              train_tasks: list[Task], device: torch.device) -> "Round":
+              train_tasks: list[Task], device: torch.device) -> Round:
         pool: dict[str, dict[int, list[Task]]] = defaultdict(lambda: defaultdict(list))
         for t in train_tasks:
             pool[t.domain][t.difficulty].append(t)
@@ -252,7 +250,8 @@ class Round:
         optimizer = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay)
         engine = make_engine(cfg.rollout_engine, model, tokenizer,
                              **({"batch_size": cfg.rollout_batch_size} if cfg.rollout_engine == "hf" else {}))
-        curriculum = Curriculum(tuple(cfg.curriculum_band), cfg.curriculum_floor, cfg.curriculum_ema)
+        low, high = cfg.curriculum_band
+        curriculum = Curriculum((low, high), cfg.curriculum_floor, cfg.curriculum_ema)
         return cls(cfg, round_, model, tokenizer, ref_model, optimizer, engine, pool, curriculum, device)
 
     def step(self, step: int) -> dict[str, float]:
@@ -398,9 +397,9 @@ def _holdout_samples(rows: list[dict], n: int) -> list[dict]:
 
 
 def cli(argv: list[str], prog: str = "posttrain rl-round") -> int:
-    from training.cli import stage_cli
-
     import argparse
+
+    from training.cli import stage_cli
 
     def round_number(text: str) -> int:
         if not text.isdigit() or int(text) < 1:

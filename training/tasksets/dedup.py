@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from training.tasksets.schema import Task
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from training.tasksets.schema import MAX_DIFFICULTY, MIN_DIFFICULTY, Task
 
@@ -45,21 +46,21 @@ def _math(rng: random.Random, level: int) -> tuple[str, int]:
         kind = r(0, 2)
         return (f"{a}+{b}", a + b) if kind == 0 else (f"{b}+{a}", a + b) if kind == 1 else (f"{a}-{b}", a - b)
     if level == 3:
-        kind = rng.random()
-        if kind < 0.4:
+        roll = rng.random()
+        if roll < 0.4:
             a, b = r(10, 99), r(10, 99)
             return f"{a}+{b}", a + b
-        if kind < 0.8:
+        if roll < 0.8:
             a, b = r(10, 99), r(10, 99)
             return f"{a}-{b}", a - b
         a, b = r(2, 9), r(2, 9)
         return f"{a}*{b}", a * b
     if level == 4:
-        kind = rng.random()
-        if kind < 0.35:
+        roll = rng.random()
+        if roll < 0.35:
             a, b = r(100, 999), r(100, 999)
             return f"{a}+{b}", a + b
-        if kind < 0.7:
+        if roll < 0.7:
             a, b = r(100, 999), r(100, 999)
             return f"{a}-{b}", a - b
         a, b = r(10, 99), r(2, 9)
@@ -187,6 +188,8 @@ def _schema(props: dict[str, Any]) -> dict[str, Any]:
 
 def _extraction_task(rng: random.Random, level: int) -> tuple[str, Callable[[], dict[str, Any]]]:
     name, age, city = rng.choice(_NAMES), rng.randint(18, 89), rng.choice(_CITIES)
+    obj: dict[str, Any]  # the answer object: str, int and list values
+    props: dict[str, Any]  # its JSON-schema properties
     if level == 1:
         if rng.random() < 0.5:
             prompt, obj, props = f"Extract age as JSON: {name} is {age}.", {"age": age}, {"age": _INT}

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from training.tasksets.sources import SourceSpec
 from training.tasksets.validate import JSONL_SUFFIXES, RawRow, RowError, read_rows

@@ -54,7 +54,7 @@ class Task:
         }
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Task":
+    def from_row(cls, row: dict[str, Any]) -> Task:
         """Inverse of to_row for rows that already passed validation (tasksets/validate.py)."""
         return cls(
             id=row["id"], domain=row["domain"], prompt=row["prompt"], verifier=row["verifier"],

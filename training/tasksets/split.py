@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter, defaultdict
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from training.tasksets.schema import Task
 
