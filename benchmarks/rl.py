@@ -77,8 +77,7 @@ def bench_ours(model, tok, tasks, args, dynamic_sampling: bool = False) -> float
 def bench_trl(model, tok, tasks, args) -> float:
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
-    from trl import GRPOConfig as TRLConfig
-    from trl import GRPOTrainer
+    from trl import GRPOConfig as TRLConfig, GRPOTrainer
 
     from training.rewards import score_tasks
 

@@ -7,7 +7,11 @@
 # 2. builds the tiny tokenizer + GPT-2 and saves it to a temp dir;
 # 3. vLLM engine: generate, update weights from a perturbed state dict (in place), generate again (outputs
 #    must change), update from a saved folder (outputs must match the HF engine's greedy output);
-# 4. one GRPO step (training.stages.rl_round.Round.step) on CUDA with the HF engine, finite loss.
+# 4. one GRPO step (training.stages.rl_round.Round.step) on CUDA with the HF engine, finite loss;
+# 5. the pretrained-model path: a Qwen2-architecture model (~40M parameters) built from config with a ChatML
+#    tokenizer (training/synthetic_models.py), one GRPO step with the vLLM engine, bf16, LoRA and TIS on; prints
+#    rollout tokens/s against standalone vllm.LLM.generate on the same prompt ids (goal: ratio >= 0.9) and the
+#    weight-sync seconds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -85,6 +89,72 @@ try:
 except Exception:
     traceback.print_exc()
     ok = report(False, "GRPO step on CUDA")
+sys.exit(0 if ok else 1)
+PYEOF
+RC=$?
+[ $RC -eq 0 ] || FAILS=$((FAILS + 1))
+
+timeout 300 $PY - <<'PYEOF'
+import sys, tempfile, time, traceback
+from pathlib import Path
+import torch
+from training import models
+from training.chat import ChatSettings, PromptFormat
+from training.lora import LoraSettings, apply_lora
+from training.synthetic_models import build_chatml_qwen2
+from training.tasksets.generators import generate
+
+def report(ok, what):
+    print(("PASS " if ok else "FAIL ") + what, flush=True)
+    return ok
+
+ok = True
+try:
+    from vllm import LLM, SamplingParams, TokensPrompt
+    from training.stages.rl_round import GRPOConfig, Round
+    tasks = generate("math", 400, 0, (1, 2, 3)) + generate("code", 100, 0, (1, 2))
+    folder = build_chatml_qwen2(Path(tempfile.mkdtemp(prefix="gpu-check-qwen2-")) / "qwen2",
+                                [t.prompt + " " + t.reference for t in tasks], vocab_size=2000, hidden_size=512,
+                                intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
+                                num_key_value_heads=2, max_position_embeddings=1024)
+    dev = torch.device("cuda")
+    model, tok = models.load_model(str(folder), dtype=torch.bfloat16)  # frozen LoRA base in bf16
+    tok.chat_settings = ChatSettings()
+    print(f"qwen2 model: {models.count_parameters(model) / 1e6:.1f}M parameters", flush=True)
+    policy = apply_lora(model.to(dev), LoraSettings(enabled=True, r=16, alpha=32))
+    cfg = GRPOConfig(prompts_per_step=32, samples_per_prompt=8, max_new_tokens=128, device="cuda", beta=0.01,
+                     rollout_engine="vllm", precision="bf16", rollout_correction="tis", dynamic_sampling=False,
+                     lora=LoraSettings(enabled=True, r=16, alpha=32), vllm_gpu_memory_utilization=0.25,
+                     vllm_max_model_len=1024, micro_batch_size=64)
+    rnd = Round.build(cfg, 1, policy, tok, None, tasks, dev)
+    m = rnd.step(0)
+    finite = all(v == v for v in m.values())
+    ok &= report(finite and "train/loss" in m and "train/rollout_mismatch_kl" in m,
+                 f"GRPO step, vLLM + bf16 + LoRA + TIS ({m['step_seconds']:.2f}s, mismatch KL "
+                 f"{m.get('train/rollout_mismatch_kl', float('nan')):.2e}, "
+                 f"weight sync {m.get('train/weight_sync_seconds', float('nan')):.3f}s)")
+    print(f"weight-sync seconds: {m.get('train/weight_sync_seconds', float('nan')):.3f}", flush=True)
+
+    prompts = [rnd.prompt_ids(t) for t in tasks[:128]]
+    def ours():
+        t0 = time.perf_counter()
+        groups = rnd.engine.generate(prompts, 8, 128, temperature=1.0, seed=3)
+        return sum(len(c.token_ids) for g in groups for c in g) / (time.perf_counter() - t0)
+    ref_llm = LLM(model=str(folder), gpu_memory_utilization=0.25, max_model_len=1024, seed=0)
+    params = SamplingParams(n=8, max_tokens=128, temperature=1.0, seed=3, stop_token_ids=rnd.fmt.stop_ids)
+    def standalone():
+        t0 = time.perf_counter()
+        outs = ref_llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return sum(len(o.token_ids) for r in outs for o in r.outputs) / (time.perf_counter() - t0)
+    ours(); standalone()  # warm-up
+    a = max(ours() for _ in range(3))
+    b = max(standalone() for _ in range(3))
+    print(f"rollout tokens/s: posttrain engine {a:.0f}, standalone vllm.LLM.generate {b:.0f}, ratio {a / b:.2f}",
+          flush=True)
+    ok &= report(a / b >= 0.9, f"rollout throughput ratio {a / b:.2f} (goal >= 0.9)")
+except Exception:
+    traceback.print_exc()
+    ok = report(False, "pretrained-model path (vLLM + bf16 + LoRA + TIS)")
 sys.exit(0 if ok else 1)
 PYEOF
 RC=$?

@@ -75,8 +75,8 @@ def stage_config(stage: str, params: dict[str, Any]) -> str:
         picked = {}
     cfg = {"seed": seed, **{k: v for k, v in picked.items() if v is not None}} if stage in (
         "taskset", "sft", "evaluate") or stage.startswith("rl_round") else {}
-    if not params.get("base_model"):  # a hub/user model brings its own scale; presets are for built models
-        cfg = {**preset(params.get("profile") or "tiny", stage), **cfg}
+    # A named base model gets the pretrained-model preset of its size; otherwise the profile's (tiny).
+    cfg = {**preset(params.get("profile") or "tiny", stage, params.get("base_model") or ""), **cfg}
     overrides = params.get("stage_overrides") or {}
     if stage.startswith("rl_round"):
         cfg.update(overrides.get("rl_round") or {})

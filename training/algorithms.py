@@ -14,10 +14,14 @@ References
 - DAPO: Yu et al. 2025 (token-level loss aggregation; dynamic sampling drops groups whose rewards are all equal).
 - PPO: Schulman et al. 2017 (clipped surrogate objective).
 - KL estimators k1/k2/k3: J. Schulman, "Approximating KL Divergence" (2020 blog note).
+- Truncated importance sampling (TIS) for the rollout engine / trainer mismatch: Yao et al. 2025, "Your
+  Efficient RL Framework Secretly Brings You Off-Policy RL Training" (as in verl's rollout correction and TRL's
+  `vllm_importance_sampling_correction`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -173,8 +177,10 @@ def clipped_policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     agg: str = "token-mean",
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate: loss_t = -min(ratio_t * A, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A).
+    """PPO clipped surrogate: loss_t = -min(ratio_t * A, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A),
+    times is_weights_t (N, T) when given (truncated importance sampling against the rollout engine).
 
     logp, old_logp, mask: (N, T); advantages: (N,) one per sequence (broadcast over tokens) or (N, T).
     ratio_t = exp(logp_t - old_logp_t). Returns (scalar loss, stats) where stats hold the clip fraction and the
@@ -188,6 +194,8 @@ def clipped_policy_loss(
     unclipped = ratio * advantages  # (N, T)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages  # (N, T)
     per_token = -torch.minimum(unclipped, clipped)  # (N, T)
+    if is_weights is not None:
+        per_token = per_token * is_weights  # (N, T)
     loss = aggregate_loss(per_token, mask, agg)
     with torch.no_grad():
         clip_frac = masked_mean((clipped < unclipped).float(), mask)
@@ -207,13 +215,15 @@ def grpo_loss(
     agg: str = "token-mean",
     kl_estimator: str = "k3",
     policy_loss: str = "clip",
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy loss + beta * KL(policy || reference), both aggregated the same way.
 
     logp, old_logp, ref_logp, mask: (N, T); advantages: (N,). ref_logp may be None when beta == 0.
+    is_weights (N, T): per-token importance weights on the policy-gradient term (see `truncated_is_weights`).
     """
     pg, stats = get_policy_loss(policy_loss)(logp, old_logp, advantages, mask, clip_low=clip_low,
-                                             clip_high=clip_high, agg=agg)
+                                             clip_high=clip_high, agg=agg, is_weights=is_weights)
     loss = pg
     if beta and ref_logp is not None:
         kl = get_kl(kl_estimator)(logp, ref_logp)  # (N, T)
@@ -222,6 +232,22 @@ def grpo_loss(
         stats["kl_ref"] = kl_term.detach()
     stats["pg_loss"] = pg.detach()
     return loss, stats
+
+
+def truncated_is_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """w_t = min(pi_trainer(y_t) / pi_engine(y_t), cap), no gradient. (N, T) -> (N, T).
+
+    The engine (vLLM, other kernels, maybe bf16) samples from a slightly different distribution than the trainer
+    computes; weighting each token's policy gradient by the ratio makes the update unbiased for the trainer's
+    policy, and truncating at `cap` bounds the variance (TIS, Yao et al. 2025; verl and TRL use cap 2)."""
+    log_ratio = (trainer_logp.detach() - engine_logp).clamp(max=math.log(cap))  # (N, T)
+    return torch.exp(log_ratio)  # (N, T)
+
+
+def mismatch_kl(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """KL(engine || trainer) on the engine's samples, k3 estimator, averaged over real tokens: how far the
+    rollout engine's distribution is from the trainer's (logged every step)."""
+    return masked_mean(kl_k3(engine_logp, trainer_logp.detach()), mask)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -7,7 +7,9 @@ One checkpoint holds everything a retry needs to continue as if it had never sto
     train_state.pt     {"step", "model" (state dict), "optimizer", "rng" (python/numpy/torch), "extra"}
 
 The manifest goes last (storage.ManifestWriter), so a checkpoint interrupted mid-upload is invisible and
-`latest()` returns the previous complete one.
+`latest()` returns the previous complete one. `save(..., keep_last=N)` then deletes checkpoints older than the
+N newest complete ones (at 7B, weights plus optimizer state are ~100 GB a checkpoint): an older one goes only
+after a newer one's manifest exists.
 """
 
 from __future__ import annotations
@@ -46,20 +48,25 @@ def seed_everything(seed: int) -> None:
 
 
 def save(stage_uri: str, step: int, model: Any, optimizer: Any, tokenizer: Any,
-         extra: dict[str, Any] | None = None) -> storage.Manifest:
-    """Write checkpoint `step` under `stage_uri` (manifest last). `extra` must be torch.save-able."""
+         extra: dict[str, Any] | None = None, keep_last: int = 0) -> storage.Manifest:
+    """Write checkpoint `step` under `stage_uri` (manifest last), then keep only the newest `keep_last`
+    complete checkpoints (0 = keep all). `extra` must be torch.save-able."""
+    from training.models import save_tokenizer
+
     writer = storage.ManifestWriter(storage.checkpoint_uri(stage_uri, step))
     with tempfile.TemporaryDirectory(prefix="posttrain-ckpt-") as tmp:
         tmp_path = Path(tmp)
-        tokenizer.save_pretrained(str(tmp_path / "tokenizer"))
+        save_tokenizer(tokenizer, tmp_path / "tokenizer")
         writer.put_dir(tmp_path / "tokenizer", "tokenizer")
         config = getattr(model, "config", None)
         writer.put_json(config.to_dict() if config is not None else {}, "model_config.json")
-        torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        torch.save({"step": step, "model": trainable_state(model), "optimizer": optimizer.state_dict(),
                     "rng": rng_state(), "extra": extra or {}}, tmp_path / "train_state.pt")
         writer.put_file(tmp_path / "train_state.pt", "train_state.pt")
     manifest = writer.commit(extra={"step": step})
     _maybe_crash(stage_uri, step)
+    if keep_last:
+        storage.prune_checkpoints(stage_uri, keep_last)
     return manifest
 
 
@@ -90,9 +97,21 @@ def latest_state(stage_uri: str, workdir: Path) -> tuple[dict[str, Any] | None, 
     return load(found[1], workdir) if found else (None, None)
 
 
+def trainable_state(model: Any) -> dict[str, Any]:
+    """What a checkpoint must keep of the model: everything, or with LoRA only the adapters (the frozen base is
+    the stage's input, rebuilt from there on resume)."""
+    from training.lora import is_lora
+
+    if is_lora(model):
+        return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+    return model.state_dict()
+
+
 def restore(state: dict[str, Any], model: Any, optimizer: Any) -> int:
     """Put a checkpoint's weights, optimizer state and RNG streams back; returns the step to continue from."""
-    model.load_state_dict(state["model"])
+    from training.lora import is_lora
+
+    model.load_state_dict(state["model"], strict=not is_lora(model))
     optimizer.load_state_dict(state["optimizer"])
     set_rng_state(state["rng"])
     return int(state["step"])

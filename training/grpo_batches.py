@@ -21,6 +21,7 @@ padded only to its own longest row; `completion_logprobs` gives log pi(token | p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ import torch
 
 from training import algorithms
 from training.rollout import Completion
+from training.rollout.base import Prompt, left_pad, prompt_ids
 
 
 @dataclass
@@ -40,6 +42,7 @@ class RolloutBatch:
     prompt_len: int  # P
     advantages: torch.Tensor  # (N,)
     group_size: int = 1  # G > 1: rows come in groups of G sharing one prompt (computed once, see below)
+    engine_logprobs: torch.Tensor | None = None  # (N, L) the rollout engine's log-probs of each token
 
 
 @dataclass
@@ -54,23 +57,34 @@ class PackedGroups:
     completion_ids: torch.Tensor  # (N, L) right-padded
     completion_mask: torch.Tensor  # (N, L) 1 on completion tokens
     advantages: torch.Tensor  # (N,)
+    engine_logprobs: torch.Tensor | None = None  # (N, L) the rollout engine's log-probs of each token
 
 
-def build_batch(tokenizer: Any, prompts: list[str], completions: list[Completion], advantages: torch.Tensor,
+def build_batch(tokenizer: Any, prompts: Sequence[Prompt], completions: list[Completion], advantages: torch.Tensor,
                 device: torch.device, group_size: int = 1) -> RolloutBatch:
-    """Padded layout. prompts[i] is the prompt of completions[i]; with group_size G, rows i*G..i*G+G-1 share
-    one prompt."""
+    """Padded layout. prompts[i] (token ids, or text) is the prompt of completions[i]; with group_size G, rows
+    i*G..i*G+G-1 share one prompt."""
     pad = tokenizer.pad_token_id
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    p_ids, p_attn = left_pad(prompt_ids(tokenizer, prompts), pad)  # (N, P) x2
     comp, cmask = _right_padded([c.token_ids for c in completions], pad)  # (N, L) x2
     return RolloutBatch(
-        input_ids=torch.cat([enc["input_ids"], comp], dim=1).to(device),  # (N, P+L)
-        attention_mask=torch.cat([enc["attention_mask"], cmask], dim=1).to(device),  # (N, P+L)
+        input_ids=torch.cat([p_ids, comp], dim=1).to(device),  # (N, P+L)
+        attention_mask=torch.cat([p_attn, cmask], dim=1).to(device),  # (N, P+L)
         completion_mask=cmask.to(device),  # (N, L)
-        prompt_len=enc["input_ids"].shape[1],
+        prompt_len=p_ids.shape[1],
         advantages=advantages.to(device),  # (N,)
         group_size=group_size,
+        engine_logprobs=engine_logprobs(completions, comp.shape[1]).to(device),  # (N, L)
     )
+
+
+def engine_logprobs(completions: Sequence[Completion], length: int) -> torch.Tensor:
+    """(N, L) the engine's sampling log-probs, right-padded with 0 (0 where an engine reported none)."""
+    out = torch.zeros((len(completions), length), dtype=torch.float32)  # (N, L)
+    for i, c in enumerate(completions):
+        if c.logprobs:
+            out[i, :len(c.logprobs)] = torch.tensor(c.logprobs[:length], dtype=torch.float32)
+    return out
 
 
 def pack_groups(prompt_ids: list[list[int]], groups: list[list[list[int]]], advantages: torch.Tensor, pad: int,
@@ -176,26 +190,31 @@ def takes_4d_mask(model: Any) -> bool:
     return getattr(getattr(model, "config", None), "_attn_implementation", None) in (None, "eager", "sdpa")
 
 
-def micro_batches(tokenizer: Any, prompts: list[str], groups: list[list[Completion]], advantages: torch.Tensor,
-                  device: torch.device, size: int, packed: bool = True,
-                  dtype: torch.dtype = torch.float32) -> list[RolloutBatch] | list[PackedGroups]:
+def micro_batches(tokenizer: Any, prompts: Sequence[Prompt], groups: list[list[Completion]],
+                  advantages: torch.Tensor, device: torch.device, size: int, packed: bool = True,
+                  dtype: torch.dtype = torch.float32) -> list[RolloutBatch | PackedGroups]:
     """Split a step's groups (prompts[g] with its completions groups[g]; advantages (N,) group-major) into
     micro-batches of about `size` completions (0 = one micro-batch), whole groups only, ordered by length so
     each is padded only to its own longest row. The loss is a sum over completions, so order is free."""
     G = len(groups[0])
-    prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    p_ids = prompt_ids(tokenizer, prompts)
     tokens = [[c.token_ids for c in g] for g in groups]
-    length = [len(p) + (sum(map(len, t)) if packed else max(map(len, t))) for p, t in zip(prompt_ids, tokens)]
+    length = [len(p) + (sum(map(len, t)) if packed else max(map(len, t))) for p, t in zip(p_ids, tokens)]
     order = sorted(range(len(groups)), key=lambda g: (length[g], g))
     per = max(1, (size or G * len(groups)) // G)
-    out: list[Any] = []
+    out: list[RolloutBatch | PackedGroups] = []
     for k in range(0, len(groups), per):
         chosen = order[k:k + per]
         adv = advantages[[g * G + j for g in chosen for j in range(G)]]
+        batch: RolloutBatch | PackedGroups
         if packed:
-            out.append(pack_groups([prompt_ids[g] for g in chosen], [tokens[g] for g in chosen], adv,
-                                   tokenizer.pad_token_id, device, dtype))
+            packed_batch = pack_groups([p_ids[g] for g in chosen], [tokens[g] for g in chosen], adv,
+                                       tokenizer.pad_token_id, device, dtype)
+            packed_batch.engine_logprobs = engine_logprobs([c for g in chosen for c in groups[g]],
+                                                           packed_batch.completion_ids.shape[1]).to(device)
+            batch = packed_batch
         else:
-            out.append(build_batch(tokenizer, [prompts[g] for g in chosen for _ in range(G)],
-                                   [c for g in chosen for c in groups[g]], adv, device, group_size=G))
+            batch = build_batch(tokenizer, [p_ids[g] for g in chosen for _ in range(G)],
+                                [c for g in chosen for c in groups[g]], adv, device, group_size=G)
+        out.append(batch)
     return out

@@ -16,7 +16,9 @@ import torch
 def cache_kwarg(model: Any) -> str:
     """The forward keyword that takes a KV cache: transformers 5.x renamed `past_key_values` to `cache` (the old
     name warns until 5.40)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    # A peft wrapper's forward takes **kwargs and passes them on: ask the model underneath.
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(target.forward).parameters else "past_key_values"
 
 
 def cache_of(out: Any) -> Any:

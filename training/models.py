@@ -7,6 +7,11 @@
     tok = build_tiny_tokenizer(texts, vocab_size=512)   # byte-level BPE trained on the task corpus
     model = build_tiny_model(TinyModelConfig(), tok)    # GPT-2 style, ~0.4M params at the defaults
 
+The tiny tokenizer has a chat template (training/chat.py, TINY_CHAT_TEMPLATE) and role tokens, so the tiny
+profile runs the same chat-rendered code path as a pretrained chat model. Each saved model folder carries the
+chat settings it was trained with (`chat.json`: system prompt and per-domain instructions), attached to the
+loaded tokenizer as `tokenizer.chat_settings`, so every later stage renders prompts the way SFT did.
+
 The tiny tokenizer splits every digit into its own token (a digit pre-tokenizer in front of the byte-level
 one): BPE merges of digit strings ("123" as one token) make column arithmetic much harder to learn for a small
 model (Nogueira et al. 2021, "Investigating the Limitations of Transformers with Simple Arithmetic Tasks";
@@ -15,14 +20,16 @@ LLaMA splits digits for the same reason).
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from training import storage
+from training.chat import TINY_CHAT_TEMPLATE, TINY_ROLE_TOKENS, ChatSettings
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +61,42 @@ def build_tiny_tokenizer(texts: Iterable[str], vocab_size: int = 512):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
     ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, *TINY_ROLE_TOKENS],
+                                  show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(list(texts), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, bos_token=EOS,
-                                   unk_token=None)
+                                   unk_token=None, extra_special_tokens=list(TINY_ROLE_TOKENS))
+    fast.chat_template = TINY_CHAT_TEMPLATE
     fast.padding_side = "left"
     return fast
+
+
+CHAT_FILE = "chat.json"
+
+
+def save_tokenizer(tokenizer: Any, dest: str | Path) -> None:
+    """The tokenizer and its chat settings (chat.json) into a local folder."""
+    tokenizer.save_pretrained(str(dest))
+    settings = getattr(tokenizer, "chat_settings", None)
+    if settings is not None:
+        (Path(dest) / CHAT_FILE).write_text(json.dumps(asdict(settings), sort_keys=True))
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """A tokenizer saved by `save_tokenizer` (or any HF tokenizer folder), its chat settings attached."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    _attach_chat_settings(tokenizer, Path(path))
+    return tokenizer
+
+
+def _attach_chat_settings(tokenizer: Any, folder: Path) -> None:
+    chat_file = folder / CHAT_FILE
+    if chat_file.is_file():
+        data = json.loads(chat_file.read_text())
+        tokenizer.chat_settings = ChatSettings(system_prompt=data.get("system_prompt", ""),
+                                               instructions=dict(data.get("instructions", {})))
 
 
 def build_tiny_model(config: TinyModelConfig, tokenizer) -> Any:
@@ -84,9 +120,9 @@ def build_tiny_model(config: TinyModelConfig, tokenizer) -> Any:
 
 
 def _load_local(path: Path, dtype: Any = None) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = load_tokenizer(path)
     kwargs = {"dtype": dtype} if dtype is not None else {}
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     _fix_special_tokens(model, tokenizer)
@@ -137,7 +173,7 @@ def save_pretrained(model: Any, tokenizer: Any, dest: str | Path) -> Path:
 
         model = copy.deepcopy(model).merge_and_unload()
     model.save_pretrained(str(dest), safe_serialization=True)
-    tokenizer.save_pretrained(str(dest))
+    save_tokenizer(tokenizer, dest)
     return dest
 
 

@@ -1,5 +1,6 @@
-"""Named per-stage config presets. The stage dataclasses keep generic defaults; a profile is what a pipeline
-run on that profile passes to each stage (the DAG's trigger form layers the user's overrides on top).
+"""Named per-stage config presets, and the presets for pretrained chat models (by size). The stage dataclasses
+keep generic defaults; a preset is what a pipeline run passes to each stage (the DAG's trigger form layers the
+user's overrides on top).
 
 `tiny` was tuned on 2 CPU cores so that SFT then 2 GRPO rounds lift arithmetic holdout pass@1 by >= 10 points
 without other domains dropping (tests/training/test_tiny_pipeline.py): math difficulties 1-2, a math-heavy
@@ -11,6 +12,7 @@ settings seeds 0-4 lifted math by +30.0, +33.1, +23.1, +31.2 and +3.8 points (se
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 TINY: dict[str, dict[str, Any]] = {
@@ -25,11 +27,72 @@ TINY: dict[str, dict[str, Any]] = {
 
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {"tiny": TINY, "data": {}}
 
+# ----- pretrained chat models ---------------------------------------------------------------------------------
+# Chosen when a run names a `base_model`, by the model's size (read from its name, e.g. "Qwen2.5-0.5B-Instruct";
+# a name without a size gets the smallest tier). Each value's source:
+#   [TRL-SFT]   TRL 1.16 SFTConfig defaults: learning_rate 2e-5, max_length 1024.
+#   [Tulu3]     open-instruct, Tulu 3 8B SFT: learning rate 5e-6 (full fine-tuning at 8B).
+#   [QLoRA]     Dettmers et al. 2023: LoRA on all linear layers, learning rate 2e-4 at 7B, r 16 / alpha 32 range.
+#   [TRL-GRPO]  TRL 1.16 GRPOConfig defaults: learning_rate 1e-6, num_generations 8, max_completion_length 512,
+#               temperature 1.0.
+#   [DSMath]    DeepSeekMath (Shao et al. 2024) GRPO: policy learning rate 1e-6.
+#   [verl]      verl's GSM8K GRPO examples: kl_loss_coef 0.001 (low-variance k3 KL), max_response_length 1024.
+#   [LoRA-RL]   "LoRA Without Regret" (Schulman et al., Thinking Machines 2025): LoRA's best learning rate is
+#               about 10x full fine-tuning's, and RL works even at low rank.
+# Full fine-tuning of an 8B model's SFT or RL does not fit one 80 GB GPU with fp32 AdamW state (about 16 bytes
+# a parameter: 128 GB), so the 8B tier uses LoRA.
+CHAT_INSTRUCTIONS = {
+    # The answer formats the verifiers read first: \boxed{} (math) and a fenced Python block (code).
+    "math": "Please reason step by step, and put your final answer within \\boxed{}.",
+    "code": "Write the complete Python function in one ```python code block.",
+}
+_SFT_COMMON = {"max_seq_len": 1024, "batch_size": 16, "max_steps": 500, "warmup_steps": 20, "min_lr_ratio": 0.1,
+               "weight_decay": 0.0, "checkpoint_every": 100, "gradient_checkpointing": True,
+               "chat": {"system_prompt": "", "instructions": CHAT_INSTRUCTIONS}}
+_RL_COMMON = {"steps": 100, "prompts_per_step": 32, "samples_per_prompt": 8, "max_new_tokens": 512,
+              "temperature": 1.0, "beta": 0.001, "checkpoint_every": 10, "rollout_engine": "auto",
+              "gradient_checkpointing": True, "micro_batch_size": 16}
+_EVAL_COMMON = {"max_new_tokens": 512, "n_samples": 4, "ks": [1, 4], "max_tasks_per_domain": 200,
+                "batch_size": 64, "distractor_tokens": 512, "rollout_engine": "auto"}
+PRETRAINED_TIERS: dict[str, dict[str, dict[str, Any]]] = {
+    # <= 1.5B (Qwen2.5-0.5B/1.5B-Instruct, Llama-3.2-1B-Instruct): full fine-tuning.
+    "1.5B": {"sft": {**_SFT_COMMON, "lr": 2e-5},                                   # [TRL-SFT]
+             "rl_round": {**_RL_COMMON, "lr": 1e-6},                               # [TRL-GRPO], [DSMath], [verl]
+             "evaluate": dict(_EVAL_COMMON)},
+    # <= 3B (Qwen2.5-3B-Instruct, Llama-3.2-3B-Instruct): full fine-tuning, a lower SFT rate.
+    "3B": {"sft": {**_SFT_COMMON, "lr": 1e-5, "batch_size": 8},                    # between [TRL-SFT] and [Tulu3]
+           "rl_round": {**_RL_COMMON, "lr": 1e-6, "micro_batch_size": 8},          # [TRL-GRPO], [DSMath]
+           "evaluate": {**_EVAL_COMMON, "batch_size": 32}},
+    # <= 8B (Qwen2.5-7B-Instruct, Llama-3.1-8B-Instruct): LoRA on all linear layers.
+    "8B": {"sft": {**_SFT_COMMON, "lr": 2e-4, "batch_size": 8,                     # [QLoRA]
+                   "lora": {"enabled": True, "r": 16, "alpha": 32, "target_modules": "all-linear"}},
+           "rl_round": {**_RL_COMMON, "lr": 1e-5, "micro_batch_size": 4,           # [LoRA-RL]: 10x [TRL-GRPO]
+                        "lora": {"enabled": True, "r": 16, "alpha": 32, "target_modules": "all-linear"}},
+           "evaluate": {**_EVAL_COMMON, "batch_size": 16}},
+}
 
-def preset(profile: str, stage: str) -> dict[str, Any]:
-    """The profile's config for `stage` ("rl_round_N" uses the profile's "rl_round" entry)."""
+
+def model_size_b(base_model: str) -> float | None:
+    """The parameter count in billions named in a model id or path ("Qwen2.5-0.5B-Instruct" -> 0.5), or None."""
+    import re
+
+    found = re.findall(r"(?<![\d.])(\d+(?:\.\d+)?)\s*[bB](?![a-zA-Z])", base_model.rsplit("/", 1)[-1])
+    return float(found[-1]) if found else None
+
+
+def pretrained_tier(base_model: str) -> str:
+    size = model_size_b(base_model)
+    if size is None or size <= 1.5:
+        return "1.5B"
+    return "3B" if size <= 3.5 else "8B"
+
+
+def preset(profile: str, stage: str, base_model: str = "") -> dict[str, Any]:
+    """The config for `stage` ("rl_round_N" uses the "rl_round" entry): the pretrained-model tier of
+    `base_model` when one is named, else the profile's."""
+    key = "rl_round" if stage.startswith("rl_round") else stage
+    if base_model:
+        return json.loads(json.dumps(PRETRAINED_TIERS[pretrained_tier(base_model)].get(key, {})))
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
-    table = PROFILES[profile]
-    key = "rl_round" if stage.startswith("rl_round") else stage
-    return dict(table.get(key, {}))
+    return dict(PROFILES[profile].get(key, {}))

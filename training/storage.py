@@ -69,8 +69,7 @@ class ObjectNotFound(StorageError):
 # ----- retries ------------------------------------------------------------------------------------------------
 def _is_transient(err: BaseException) -> bool:
     try:
-        from botocore.exceptions import ClientError, ReadTimeoutError
-        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, ReadTimeoutError
     except ImportError:  # pragma: no cover - boto3 is a hard dependency
         return False
     if isinstance(err, (BotoConnectionError, ReadTimeoutError, ConnectionError, TimeoutError)):
@@ -566,6 +565,29 @@ def list_complete_checkpoints(stage_uri: str) -> list[tuple[int, Manifest]]:
         if manifest is not None:
             out.append((step, manifest))
     return out
+
+
+def delete_checkpoint(stage_uri: str, step: int) -> None:
+    """Remove one checkpoint: its manifest first, so from the first deletion on no reader takes the folder for
+    complete, then every file left under it (including leftovers of an interrupted upload)."""
+    loc = locate(checkpoint_uri(stage_uri, step))
+    loc.backend.delete(loc.key(MANIFEST))
+    base = loc.key()  # "" when the backend's root is the checkpoint folder itself (file://)
+    for key in loc.backend.list(base + "/" if base else ""):
+        loc.backend.delete(key)
+
+
+def prune_checkpoints(stage_uri: str, keep_last: int) -> list[int]:
+    """Keep the newest `keep_last` complete checkpoints of a stage and delete the older ones; returns the steps
+    deleted. Only checkpoints older than `keep_last` newer *complete* ones go, so a crash at any point still
+    leaves the newest complete checkpoint in place. The stage's own output (its manifest) is never touched."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    complete = [step for step, _ in list_complete_checkpoints(stage_uri)]
+    old = complete[:-keep_last]
+    for step in old:
+        delete_checkpoint(stage_uri, step)
+    return old
 
 
 def last_complete_checkpoint(stage_uri: str) -> tuple[int, Manifest] | None:

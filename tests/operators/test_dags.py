@@ -57,8 +57,16 @@ def test_stage_configs_from_params() -> None:
         "domain_weights": {"math": 1.0}}
     assert json.loads(stage_config("taskset", params)) == {**TINY["taskset"], "profile": "tiny", "seed": 3,
                                                            "mix": {"math": 1.0}}
-    # A base model of the user's gets no tiny preset.
-    assert json.loads(stage_config("sft", {**params, "base_model": "s3://m/x"})) == {"seed": 3, "base_model": "s3://m/x"}
+    # A base model of the user's gets the pretrained-model preset of its size, not the tiny one; knobs on top.
+    from training.profiles import PRETRAINED_TIERS
+
+    assert json.loads(stage_config("sft", {**params, "base_model": "s3://m/x"})) == {
+        **PRETRAINED_TIERS["1.5B"]["sft"], "seed": 3, "base_model": "s3://m/x"}
+    qwen7 = {**params, "base_model": "Qwen/Qwen2.5-7B-Instruct"}
+    assert json.loads(stage_config("rl_round_1", qwen7)) == {
+        **PRETRAINED_TIERS["8B"]["rl_round"], "seed": 3, "samples_per_prompt": 4, "lr": 1e-3, "beta": 0.05,
+        "domain_weights": {"math": 1.0}}
+    assert json.loads(stage_config("rl_round_1", qwen7))["lora"]["enabled"] is True
     # Knobs left empty in the form keep the preset (or the stage defaults).
     assert json.loads(stage_config("rl_round_1", {"seed": 0, "k": None, "learning_rate": None})) == {
         **TINY["rl_round"], "seed": 0}

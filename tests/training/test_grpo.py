@@ -16,8 +16,7 @@ import torch
 
 from training import models, stage, storage
 from training.stages.rl_round import Curriculum, GRPOConfig, Round, derive_seed, domain_counts, pick_prompts, run_round
-from training.stages.sft import SFTConfig
-from training.stages.sft import train as sft_train
+from training.stages.sft import SFTConfig, train as sft_train
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = models.TinyModelConfig(n_layer=1, n_embd=32, n_head=2)

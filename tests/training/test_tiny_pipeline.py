@@ -32,8 +32,7 @@ GRPO = {"seed": SEED, **TINY["rl_round"]}
 
 
 def test_sft_then_two_rounds_lift_arithmetic(file_run_uri, local_mlflow) -> None:
-    from training.stages.build_taskset import TasksetConfig
-    from training.stages.build_taskset import body as taskset_body
+    from training.stages.build_taskset import TasksetConfig, body as taskset_body
     from training.stages.rl_round import GRPOConfig, run_round
     from training.stages.sft import SFTConfig, train
 

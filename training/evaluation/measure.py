@@ -11,7 +11,9 @@
 - failure modes: each greedy failure is "capability" (no sample passed: pass@k low) or "instability" (some
   sample passed: pass@k high, pass@1 low).
 
-Every function takes a rollout engine, so the same code measures through transformers or vLLM.
+Every function takes a rollout engine, so the same code measures through transformers or vLLM, and every
+prompt is rendered through the model's chat template (training.chat.PromptFormat) as in training. A prompt that
+does not fit the model's context with its completion budget is dropped and counted, never cut.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import random
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from training.chat import PromptFormat
 from training.evaluation.metrics import mean_pass_at_k
 from training.tasksets.schema import Task
 
@@ -60,32 +63,29 @@ def by_domain(tasks: list[Task]) -> dict[str, list[int]]:
     return dict(sorted(out.items()))
 
 
-def _greedy(engine: Any, prompts: list[str], cfg: EvalConfig) -> list[str]:
+def _greedy(engine: Any, prompts: list[list[int]], cfg: EvalConfig) -> list[str]:
     outs = engine.generate(prompts, 1, cfg.max_new_tokens, temperature=0.0, seed=cfg.seed)
     return [o[0].text for o in outs]
 
 
-def _repair_prompt(task: Task, completion: str, error: str) -> str:
+def repair_reply(error: str) -> str:
+    """The user turn that shows a failed program's error and asks for the fix."""
     error = " ".join(error.strip().splitlines()[-2:])[:160] or "wrong result"
-    return f"{task.prompt}{completion}\n# error: {error}\n# fixed:\n"
-
-
-def fit_prompt(tokenizer: Any, text: str, max_tokens: int | None) -> str:
-    """Keep the end of `text` (where the question is) within `max_tokens` tokens."""
-    if not max_tokens:
-        return text
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return text if len(ids) <= max_tokens else tokenizer.decode(ids[-max_tokens:])
+    return f"# error: {error}\n# fixed:"
 
 
 def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: list[bool],
-                cfg: EvalConfig, tokenizer: Any = None, max_context: int | None = None) -> dict[int, int]:
-    """{task index: turn it first passed at} for code tasks that failed greedily and were repaired."""
+                cfg: EvalConfig, fmt: PromptFormat, max_prompt: int | None = None) -> tuple[dict[int, int], int]:
+    """({task index: turn it first passed at} for code tasks that failed greedily and were repaired, number of
+    repair prompts dropped for not fitting `max_prompt` tokens). Each turn continues the conversation: the
+    model's program, then the sandbox's error as the next user turn."""
     from sandbox import run_batch
     from training.rewards.code import code_job
 
     current = {i: completions[i] for i, t in enumerate(tasks) if t.verifier == "code" and not passed[i]}
+    history: dict[int, list[tuple[str, str]]] = {i: [] for i in current}
     repaired: dict[int, int] = {}
+    dropped = 0
     for turn in range(1, cfg.repair_turns + 1):
         if not current:
             break
@@ -95,10 +95,20 @@ def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: 
         errors = dict.fromkeys(idx, "no code to run")  # an empty completion (or no usable tests)
         errors.update({i: v.detail or v.stderr or v.status.value
                        for i, v in zip(runnable, run_batch([jobs[i] for i in runnable]))})
-        budget = max_context - cfg.max_new_tokens if max_context else None
-        prompts = [fit_prompt(tokenizer, _repair_prompt(tasks[i], current[i], errors[i]), budget) for i in idx]
-        retry = [o[0].text for o in engine.generate(prompts, 1, cfg.max_new_tokens, temperature=0.0,
-                                                     seed=cfg.seed + turn)]
+        prompts = {}
+        for i in idx:
+            history[i].append((current[i], repair_reply(errors[i])))
+            ids = fmt.follow_up_ids(tasks[i], history[i])
+            if max_prompt is not None and len(ids) > max_prompt:
+                dropped += 1  # too long to ask again within the context: not repaired, never cut
+                del current[i]
+            else:
+                prompts[i] = ids
+        idx = sorted(prompts)
+        if not idx:
+            break
+        retry = [o[0].text for o in engine.generate([prompts[i] for i in idx], 1, cfg.max_new_tokens,
+                                                     temperature=0.0, seed=cfg.seed + turn)]
         from training.rewards import score_tasks
 
         scores = score_tasks([tasks[i] for i in idx], retry)
@@ -108,7 +118,7 @@ def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: 
                 del current[i]
             else:
                 current[i] = text
-    return repaired
+    return repaired, dropped
 
 
 def _n_tokens(tokenizer: Any, text: str) -> int:
@@ -137,14 +147,23 @@ def context_limit(model: Any) -> int | None:
 
 
 def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConfig,
-                   max_context: int | None = None) -> dict[str, Any]:
+                   max_context: int | None = None, fmt: PromptFormat | None = None) -> dict[str, Any]:
     """Every measurement above for one model; counts are kept so the gate can compute intervals.
 
-    max_context: the model's position limit; distractor text is cut so prompt + completion fit in it.
+    max_context: the model's position limit; a task whose prompt does not fit with `max_new_tokens` is dropped
+    (counted in "dropped_over_length"), and distractor text is sized so prompt + completion fit.
+    fmt: how prompts are rendered (default: the tokenizer's chat template and its saved chat settings).
     """
     from training.rewards import score_tasks
 
-    prompts = [t.prompt for t in tasks]
+    fmt = fmt or PromptFormat(tokenizer, getattr(tokenizer, "chat_settings", None),
+                              getattr(getattr(engine, "model", None), "generation_config", None))
+    max_prompt = max_context - cfg.max_new_tokens if max_context else None
+    all_prompts = [fmt.prompt_ids(t) for t in tasks]
+    fits = [max_prompt is None or len(p) <= max_prompt for p in all_prompts]
+    dropped = {d: sum(1 for i in idx if not fits[i]) for d, idx in by_domain(tasks).items()}
+    tasks = [t for t, ok in zip(tasks, fits) if ok]
+    prompts = [p for p, ok in zip(all_prompts, fits) if ok]
     greedy = _greedy(engine, prompts, cfg)
     passed = [s > 0 for s in score_tasks(tasks, greedy)]
     sampled = engine.generate(prompts, cfg.n_samples, cfg.max_new_tokens, temperature=cfg.temperature,
@@ -152,7 +171,8 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
     flat_tasks = [t for t in tasks for _ in range(cfg.n_samples)]
     flat = score_tasks(flat_tasks, [c.text for group in sampled for c in group])
     correct = [sum(1 for s in flat[i * cfg.n_samples:(i + 1) * cfg.n_samples] if s > 0) for i in range(len(tasks))]
-    repaired = self_repair(engine, tasks, greedy, passed, cfg, tokenizer, max_context) if cfg.repair_turns > 0 else {}
+    repaired, repair_dropped = (self_repair(engine, tasks, greedy, passed, cfg, fmt, max_prompt)
+                                if cfg.repair_turns > 0 else ({}, 0))
 
     rng = random.Random(cfg.seed)
     domains = by_domain(tasks)
@@ -160,9 +180,9 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
     long_prompts = []
     for i in long_idx:
         budget = cfg.distractor_tokens
-        if max_context:
-            budget = min(budget, max_context - cfg.max_new_tokens - _n_tokens(tokenizer, tasks[i].prompt))
-        long_prompts.append(_distractor(tasks, rng, tokenizer, budget) + tasks[i].prompt)
+        if max_prompt is not None:
+            budget = min(budget, max_prompt - len(prompts[i]))
+        long_prompts.append(fmt.prompt_ids(tasks[i], prefix=_distractor(tasks, rng, tokenizer, budget)))
     long_out = [o[0].text for o in engine.generate(long_prompts, 1, cfg.max_new_tokens, temperature=0.0,
                                                     seed=cfg.seed)]
     long_pass = dict(zip(long_idx, (s > 0 for s in score_tasks([tasks[i] for i in long_idx], long_out))))
@@ -181,6 +201,7 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
         kept = [i for i in lc if passed[i]]
         report[domain] = {
             "pass1": {"passed": sum(passed[i] for i in idx), "total": len(idx)},
+            "dropped_over_length": dropped.get(domain, 0),
             "pass_at_k": {str(k): mean_pass_at_k([(cfg.n_samples, correct[i]) for i in idx], k) for k in ks},
             "by_difficulty": dict(sorted(by_diff.items())),
             "format_rate": sum(format_ok(tasks[i], greedy[i]) for i in idx) / len(idx),
@@ -198,9 +219,11 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
                                     for r in range(1, cfg.repair_turns + 1)},
                 "pass_within_turns": (sum(passed[i] for i in idx) + len([i for i in idx if i in repaired]))
                 / len(idx),
+                "repair_prompts_dropped_over_length": repair_dropped,
             }} if code else {}),
         }
-    samples = [{"id": tasks[i].id, "domain": tasks[i].domain, "prompt": tasks[i].prompt,
+    samples = [{"id": tasks[i].id, "domain": tasks[i].domain,
+                "prompt": tokenizer.decode(prompts[i], skip_special_tokens=False),
                 "completion": greedy[i], "passed": passed[i]} for idx in domains.values() for i in idx[:10]]
     return {"domains": report, "samples": samples}
 

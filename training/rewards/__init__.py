@@ -88,6 +88,4 @@ def score_tasks(tasks: Sequence[Any], completions: Sequence[str], **options: Any
 
 
 # Registration happens on import of the verifier modules.
-from training.rewards import code as _code  # noqa: E402,F401
-from training.rewards import math as _math  # noqa: E402,F401
-from training.rewards import rules as _rules  # noqa: E402,F401
+from training.rewards import code as _code, math as _math, rules as _rules  # noqa: E402,F401,I001

@@ -12,25 +12,36 @@ weights give the same completions, and the global torch RNG is left as it was.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from training.kv_cache import cache_kwarg, cache_of, select_cache_rows
-from training.rollout.base import Completion
+from training.rollout.base import Completion, Prompt, left_pad, prompt_ids
 
 
 class HFRolloutEngine:
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 256, device: str | None = None,
-                 impl: str = "loop") -> None:
+                 impl: str = "loop", stop_ids: Sequence[int] | None = None) -> None:
         if impl not in ("loop", "generate"):
             raise ValueError(f"impl {impl!r}: use 'loop' or 'generate'")
         self.impl = impl
         self.model = model
         self.tokenizer = tokenizer
+        self.stop_ids = list(stop_ids) if stop_ids else [tokenizer.eos_token_id]
         self.batch_size = batch_size  # sequences (prompt x sample) per generate call
         self.device = torch.device(device) if device else next(model.parameters()).device
+
+    # The transformers engine shares the trainer's model object: nothing to offload, nothing to sync.
+    last_sync_s = 0.0
+
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
 
     def update_weights(self, state_dict_or_path: Any) -> None:
         if isinstance(state_dict_or_path, (str, Path)):
@@ -43,10 +54,11 @@ class HFRolloutEngine:
         self.model.load_state_dict(state, strict=False)
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], n_samples: int, max_new_tokens: int, temperature: float = 1.0,
+    def generate(self, prompts: Sequence[Prompt], n_samples: int, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int = 0) -> list[list[Completion]]:
         tok = self.tokenizer
-        eos, pad = tok.eos_token_id, tok.pad_token_id
+        stops, pad = torch.tensor(self.stop_ids, device=self.device), tok.pad_token_id
+        rows = prompt_ids(tok, prompts)
         greedy = temperature <= 0
         was_training = self.model.training
         self.model.eval()
@@ -58,42 +70,40 @@ class HFRolloutEngine:
             torch.manual_seed(seed)
             if self.device.type == "cuda":
                 torch.cuda.manual_seed_all(seed)
-            for start in range(0, len(prompts), per_chunk):
-                chunk = prompts[start:start + per_chunk]
+            for start in range(0, len(rows), per_chunk):
+                chunk = rows[start:start + per_chunk]
                 if self.impl == "generate":
                     flat = [p for p in chunk for _ in range(n_samples)]  # prompt-major: sample j of i at i*n+j
-                    enc = tok(flat, return_tensors="pt", padding=True, padding_side="left",
-                              add_special_tokens=False).to(self.device)
-                    seq, logp = self._generate(enc, max_new_tokens, temperature, top_p, greedy, eos, pad)
+                    ids, attn = (t.to(self.device) for t in left_pad(flat, pad))
+                    seq, logp = self._generate(ids, attn, max_new_tokens, temperature, top_p, greedy, pad)
                 else:
-                    enc = tok(chunk, return_tensors="pt", padding=True, padding_side="left",
-                              add_special_tokens=False).to(self.device)
-                    seq, logp = self._decode(enc["input_ids"], enc["attention_mask"], n_samples, max_new_tokens,
-                                             temperature, top_p, greedy, eos, pad)
+                    ids, attn = (t.to(self.device) for t in left_pad(chunk, pad))
+                    seq, logp = self._decode(ids, attn, n_samples, max_new_tokens, temperature, top_p, greedy,
+                                             stops, pad)
                 for row_ids, row_lp in zip(seq.tolist(), logp.tolist()):
-                    out.append(_completion(row_ids, row_lp, eos, tok))
+                    out.append(_completion(row_ids, row_lp, self.stop_ids, tok))
         if was_training:
             self.model.train()
         return [out[i * n_samples:(i + 1) * n_samples] for i in range(len(prompts))]
 
 
-    def _generate(self, enc: Any, max_new_tokens: int, temperature: float, top_p: float, greedy: bool, eos: int,
-                  pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _generate(self, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: int, temperature: float,
+                  top_p: float, greedy: bool, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
         gen = self.model.generate(
-            input_ids=enc["input_ids"],  # (N, P)
-            attention_mask=enc["attention_mask"],  # (N, P)
+            input_ids=ids,  # (N, P)
+            attention_mask=attn,  # (N, P)
             max_new_tokens=max_new_tokens, do_sample=not greedy,
             temperature=temperature if not greedy else None, top_p=top_p if not greedy else None,
-            top_k=0 if not greedy else None, eos_token_id=eos, pad_token_id=pad, use_cache=True,
+            top_k=0 if not greedy else None, eos_token_id=self.stop_ids, pad_token_id=pad, use_cache=True,
             return_dict_in_generate=True, output_logits=True,
         )
-        seq = gen.sequences[:, enc["input_ids"].shape[1]:]  # (N, L)
+        seq = gen.sequences[:, ids.shape[1]:]  # (N, L)
         logits = torch.stack(gen.logits, dim=1).float()  # (N, L, V)
         scale = 1.0 if greedy else temperature
         return seq, torch.log_softmax(logits / scale, dim=-1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)  # (N, L)
 
     def _decode(self, ids: torch.Tensor, attn: torch.Tensor, n_samples: int, max_new_tokens: int, temperature: float,
-                top_p: float, greedy: bool, eos: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+                top_p: float, greedy: bool, stops: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill each prompt once, repeat its KV cache for its samples, then one cached forward per new token.
         ids, attn: (B, P) distinct prompts. Returns (N, L) tokens and log-probs, N = B * n_samples, prompt-major."""
         dev = ids.device
@@ -121,7 +131,7 @@ class HFRolloutEngine:
                 tok = _sample(_top_p(logp_all, top_p))  # (A,)
             tokens[active, t] = tok
             logps[active, t] = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-            running = tok != eos  # (A,)
+            running = ~torch.isin(tok, stops)  # (A,)
             if t + 1 == max_new_tokens or not bool(running.any()):
                 break
             if not bool(running.all()):  # drop finished rows from the batch and the KV cache
@@ -132,7 +142,7 @@ class HFRolloutEngine:
             out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos.unsqueeze(-1),
                              use_cache=True, **{cache_kw: past})
             past, logits, next_pos = cache_of(out), out.logits[:, -1], next_pos + 1
-        return tokens, logps  # (N, L), (N, L); _completion cuts each row after its EOS
+        return tokens, logps  # (N, L), (N, L); _completion cuts each row after its stop id
 
 
 def _sample(logp: torch.Tensor) -> torch.Tensor:
@@ -156,9 +166,9 @@ def _top_p(logp: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logp, float("-inf")).scatter(-1, idx, sorted_lp)  # (N, V)
 
 
-def _completion(ids: list[int], logprobs: list[float], eos: int, tok: Any) -> Completion:
-    if eos in ids:
-        end = ids.index(eos) + 1
+def _completion(ids: list[int], logprobs: list[float], stop_ids: Sequence[int], tok: Any) -> Completion:
+    end = next((i + 1 for i, t in enumerate(ids) if t in stop_ids), None)
+    if end is not None:
         ids, logprobs, reason = ids[:end], logprobs[:end], "stop"
     else:
         reason = "length"

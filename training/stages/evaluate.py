@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from training import storage
+from training.chat import PromptFormat
 from training.config import ConfigBase
 from training.evaluation.candidates import latest_policy_stage, rounds_history
 from training.evaluation.measure import by_domain, context_limit, evaluate_model, pass1_rate
 from training.evaluation.plots import plot_report
 from training.evaluation.report import render_html, render_markdown
 from training.registry import DEFAULT_MODEL_NAME
+from training.rollout.hf import HFRolloutEngine
 from training.stage import StageContext
 
 STAGE = "evaluate"
@@ -51,6 +53,12 @@ class EvalConfig(ConfigBase):
     n_samples / ks:     samples per task at `temperature` for unbiased pass@k (Chen et al. 2021), k <= n.
     repair_turns:       self-repair rounds for failed code tasks (the model sees the sandbox error).
     long_context_tasks: tasks per domain re-asked behind distractor text; distractor_tokens is its length.
+    device:             "auto" (CUDA when visible), "cpu" or "cuda"; bf16 weights on CUDA.
+    rollout_engine:     "auto" (vLLM on CUDA when installed, else transformers), "hf" or "vllm".
+    vllm_gpu_memory_utilization, vllm_max_model_len: the vLLM engine's settings (0 = the model's context).
+
+    Prompts are rendered with each model's chat template and saved chat settings, as in training; a task whose
+    prompt does not fit the model's context with max_new_tokens is dropped and counted, never cut.
     """
 
     candidate: str = "latest"
@@ -67,18 +75,50 @@ class EvalConfig(ConfigBase):
     distractor_tokens: int = 48
     seed: int = 0
     batch_size: int = 256
+    device: str = "auto"
+    rollout_engine: str = "auto"
+    vllm_gpu_memory_utilization: float = 0.6
+    vllm_max_model_len: int = 0
 
 
 # ----- the stage ----------------------------------------------------------------------------------------------
-def _load(spec: str, cache: Path) -> tuple[Any, Any]:
-    from training.models import load_model
+def open_engine(spec: str, cache: Path, cfg: EvalConfig) -> tuple[Any, Any, PromptFormat, int | None]:
+    """(engine, tokenizer, prompt format, context length) for the model folder at `spec`."""
+    import torch
 
-    return load_model(spec, MODEL_SUBDIR, cache_dir=cache)
+    from training import models
+    from training.devices import resolve_device
+    from training.stages.rl_round import resolve_engine
+
+    device = resolve_device(cfg.device)
+    if resolve_engine(cfg.rollout_engine, device) == "vllm":
+        from transformers import AutoConfig, GenerationConfig
+
+        from training.rollout.vllm import VLLMRolloutEngine
+
+        storage.fetch_dir(storage.require_manifest(spec, "model"), MODEL_SUBDIR, cache)
+        tok = models.load_tokenizer(cache)
+        try:
+            generation = GenerationConfig.from_pretrained(str(cache))
+        except OSError:  # a folder without generation_config.json
+            generation = None
+        fmt = PromptFormat(tok, getattr(tok, "chat_settings", None), generation)
+        engine = VLLMRolloutEngine(str(cache), tok, stop_ids=fmt.stop_ids, seed=cfg.seed,
+                                   gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                                   max_model_len=cfg.vllm_max_model_len or None)
+        return engine, tok, fmt, cfg.vllm_max_model_len or context_limit_of(AutoConfig.from_pretrained(str(cache)))
+    dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    model, tok = models.load_model(spec, MODEL_SUBDIR, dtype=dtype, cache_dir=cache)
+    model.to(device).eval()
+    fmt = PromptFormat(tok, getattr(tok, "chat_settings", None), model.generation_config)
+    return HFRolloutEngine(model, tok, batch_size=cfg.batch_size, stop_ids=fmt.stop_ids), tok, fmt, context_limit(model)
+
+
+def context_limit_of(config: Any) -> int | None:
+    return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
 
 
 def body(ctx: StageContext) -> dict[str, Any]:
-    from training.rollout.hf import HFRolloutEngine
-
     cfg: EvalConfig = ctx.config  # type: ignore[assignment]
     holdout = ctx.tasks("holdout")
     rng = random.Random(cfg.seed)
@@ -116,10 +156,9 @@ def body(ctx: StageContext) -> dict[str, Any]:
         if same is not None:  # e.g. no RL round yet: the candidate is the SFT model itself
             models[name] = same
             continue
-        model, tok = _load(specs[name], ctx.workdir / f"model-{name}")
-        model.eval()
-        engine = HFRolloutEngine(model, tok, batch_size=cfg.batch_size)
-        models[name] = {"uri": specs[name], **evaluate_model(engine, tok, tasks, cfg, context_limit(model))}
+        engine, tok, fmt, context = open_engine(specs[name], ctx.workdir / f"model-{name}", cfg)
+        models[name] = {"uri": specs[name], **evaluate_model(engine, tok, tasks, cfg, context, fmt)}
+        del engine  # one model on the device at a time
         ctx.progress(f"evaluated {name}", **{f"{name}_pass1_{d}": pass1_rate(models[name], d)
                                               for d in models[name]["domains"]})
 

@@ -21,6 +21,7 @@ per domain (before and after), in the stage summary and in MLflow.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import time
@@ -32,12 +33,16 @@ from typing import Any
 import torch
 
 from training import algorithms, checkpointing, models
+from training.chat import PromptFormat
 from training.config import ConfigBase
 from training.curriculum import Curriculum, domain_counts, pick_prompts
 from training.devices import resolve_device
 from training.grpo_batches import PackedGroups, RolloutBatch, completion_logprobs, micro_batches, takes_4d_mask
+from training.lora import LoraSettings, apply_lora, is_lora, merged_state_dict, reference_mode
 from training.optimizers import adamw
+from training.precision import autocast, enable_gradient_checkpointing, resolve_precision
 from training.rollout import ENGINES, Completion, make_engine
+from training.rollout.base import length_cut_share
 from training.stage import StageContext, rl_round_stage
 from training.tasksets.schema import Task
 
@@ -86,11 +91,29 @@ class GRPOConfig(ConfigBase):
     curriculum_band:    [low, high] pass-rate band that counts as learnable.
     curriculum_floor:   weight of difficulties outside the band (never 0: rates drift).
     curriculum_ema:     update rate of the running pass rate per (domain, difficulty).
+    rollout_correction: "auto" (TIS with vLLM, none with the transformers engine, which samples from the
+                        trainer's own weights), "tis" or "none": truncated importance sampling on the engine's
+                        log-probs (training.algorithms.truncated_is_weights); the mismatch KL is logged.
+    tis_cap:            TIS truncation C (verl and TRL use 2).
+    max_prompt_tokens:  prompts longer than this (after chat rendering) are dropped with a count, never cut;
+                        0 = the model's context minus max_new_tokens.
+    lora:               LoRA for RL (training.lora.LoraSettings, target "all-linear"): only adapters train, and
+                        the reference for the KL term is the base with its adapters disabled, i.e. the policy
+                        this round started from, with no second copy of the model.
+    ref_device:         where the reference model (no LoRA, beta > 0) lives: "same" or "cpu" (offloaded: its
+                        forward runs on the CPU, freeing accelerator memory for the policy).
+    precision:          "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16".
+    gradient_checkpointing: recompute activations in the backward pass.
     checkpoint_every:   steps between resumable checkpoints (0 = none).
+    keep_checkpoints:   mid-round checkpoints kept (the newest N); the round's final model is always kept.
     holdout_per_domain: holdout tasks per domain for the end-of-round check (0 = all).
     log_samples:        sample rollouts logged as an MLflow table (from the last step and the holdout).
-    rollout_engine:     "hf" (transformers generate, shares the trainer's model) or "vllm" (GPU).
+    rollout_engine:     "auto" (vLLM when the device is CUDA and vllm is installed, else transformers), "hf"
+                        (transformers, shares the trainer's model) or "vllm".
     rollout_batch_size: sequences per engine call (hf).
+    vllm_gpu_memory_utilization, vllm_max_model_len, vllm_prefix_caching, vllm_sleep_mode,
+    vllm_tensor_parallel_size: the vLLM engine's settings (training/rollout/vllm.py); with sleep mode the engine
+                        gives its GPU memory back to the trainer during the update.
     device:             "cpu", "cuda" or "auto".
     """
 
@@ -124,11 +147,24 @@ class GRPOConfig(ConfigBase):
     curriculum_band: list[float] = field(default_factory=lambda: [0.1, 0.9])
     curriculum_floor: float = 0.2
     curriculum_ema: float = 0.3
+    rollout_correction: str = "auto"
+    tis_cap: float = 2.0
+    max_prompt_tokens: int = 0
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    ref_device: str = "same"
+    precision: str = "auto"
+    gradient_checkpointing: bool = False
     checkpoint_every: int = 10
+    keep_checkpoints: int = 2
     holdout_per_domain: int = 0
     log_samples: int = 32
     rollout_engine: str = "hf"
     rollout_batch_size: int = 512
+    vllm_gpu_memory_utilization: float = 0.4
+    vllm_max_model_len: int = 0
+    vllm_prefix_caching: bool = True
+    vllm_sleep_mode: bool = True
+    vllm_tensor_parallel_size: int = 1
     device: str = "auto"
 
     def __post_init__(self) -> None:
@@ -139,8 +175,21 @@ class GRPOConfig(ConfigBase):
             raise ValueError(f"loss_agg {self.loss_agg!r}: use one of {', '.join(algorithms.LOSS_AGGREGATIONS)}")
         if self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt must be >= 2 (group-relative advantages need a group)")
-        if self.rollout_engine not in ENGINES:
-            raise ValueError(f"rollout_engine {self.rollout_engine!r}: use one of {', '.join(ENGINES)}")
+        if self.rollout_engine != "auto" and self.rollout_engine not in ENGINES:
+            raise ValueError(f"rollout_engine {self.rollout_engine!r}: use auto or one of {', '.join(ENGINES)}")
+        if self.rollout_correction not in ("auto", "tis", "none"):
+            raise ValueError(f"rollout_correction {self.rollout_correction!r}: use auto, tis or none")
+        if self.ref_device not in ("same", "cpu"):
+            raise ValueError(f"ref_device {self.ref_device!r}: use same or cpu")
+
+
+def resolve_engine(name: str, device: torch.device) -> str:
+    """"auto" is vLLM on a CUDA device when vllm is installed, else transformers."""
+    if name != "auto":
+        return name
+    from training.rollout.vllm import HAVE_VLLM
+
+    return "vllm" if device.type == "cuda" and HAVE_VLLM else "hf"
 
 
 def derive_seed(*parts: Any) -> int:
@@ -149,12 +198,38 @@ def derive_seed(*parts: Any) -> int:
 
 
 # ----- the update ---------------------------------------------------------------------------------------------
+def reference_logprobs(model: Any, ref_model: Any | None, chunk: RolloutBatch | PackedGroups,
+                       temperature: float) -> torch.Tensor:
+    """log-probs under the KL reference: `ref_model` (on whatever device it lives), or with LoRA the policy's
+    own base with adapters disabled. (n, L)."""
+    if ref_model is None:
+        with reference_mode(model):
+            return completion_logprobs(model, chunk, temperature)
+    ref_device = next(ref_model.parameters()).device
+    here = chunk.completion_mask.device
+    if ref_device != here:  # an offloaded reference: run its forward where it lives
+        moved = dataclasses.replace(chunk, **{f.name: getattr(chunk, f.name).to(ref_device)
+                                              for f in dataclasses.fields(chunk)
+                                              if isinstance(getattr(chunk, f.name), torch.Tensor)})
+        return completion_logprobs(ref_model, moved, temperature).to(here)
+    return completion_logprobs(ref_model, chunk, temperature)
+
+
+def use_tis(cfg: GRPOConfig, engine_name: str) -> bool:
+    return cfg.rollout_correction == "tis" or (cfg.rollout_correction == "auto" and engine_name == "vllm")
+
+
 def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer,
-                  chunks: Sequence[RolloutBatch | PackedGroups], cfg: GRPOConfig) -> dict[str, float]:
-    """`updates_per_batch` optimizer steps on one rollout batch (as micro-batches); averaged loss statistics."""
-    with torch.no_grad():
-        ref_logp = ([completion_logprobs(ref_model, c, cfg.temperature) for c in chunks]
-                    if ref_model is not None and cfg.beta else None)  # [(n, L_c)]
+                  chunks: Sequence[RolloutBatch | PackedGroups], cfg: GRPOConfig, tis: bool = False,
+                  compute_dtype: torch.dtype = torch.float32) -> dict[str, float]:
+    """`updates_per_batch` optimizer steps on one rollout batch (as micro-batches); averaged loss statistics.
+    The KL reference is `ref_model`, or with a LoRA policy its adapter-disabled base. With `tis`, each token's
+    policy gradient is weighted by the truncated trainer/engine probability ratio."""
+    device = chunks[0].completion_mask.device
+    with torch.no_grad(), autocast(device, compute_dtype):
+        has_ref = cfg.beta and (ref_model is not None or is_lora(model))
+        ref_logp = ([reference_logprobs(model, ref_model, c, cfg.temperature) for c in chunks]
+                    if has_ref else None)  # [(n, L_c)]
         old_logp = ([completion_logprobs(model, c, cfg.temperature) for c in chunks]
                     if cfg.updates_per_batch > 1 else None)  # [(n, L_c)]
     n_tokens = torch.stack([c.completion_mask.sum() for c in chunks]).sum().clamp(min=1)
@@ -164,12 +239,18 @@ def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Opti
         optimizer.zero_grad(set_to_none=True)
         for j, c in enumerate(chunks):
             mask = c.completion_mask.float()  # (n, L_c)
-            logp = completion_logprobs(model, c, cfg.temperature)  # (n, L_c)
+            with autocast(device, compute_dtype):
+                logp = completion_logprobs(model, c, cfg.temperature)  # (n, L_c)
             old = old_logp[j] if old_logp is not None else logp.detach()  # (n, L_c)
+            weights = None
+            if tis and c.engine_logprobs is not None:
+                weights = algorithms.truncated_is_weights(old, c.engine_logprobs, cfg.tis_cap)  # (n, L_c)
             loss, st = algorithms.grpo_loss(
                 logp, old, ref_logp[j] if ref_logp is not None else None, c.advantages, mask,
                 beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.loss_agg,
-                kl_estimator=cfg.kl_estimator, policy_loss=cfg.policy_loss)
+                kl_estimator=cfg.kl_estimator, policy_loss=cfg.policy_loss, is_weights=weights)
+            if c.engine_logprobs is not None:
+                st["rollout_mismatch_kl"] = algorithms.mismatch_kl(old, c.engine_logprobs, mask)
             # Micro-batches share one normaliser, so accumulation equals the whole-batch loss.
             share = mask.sum() / n_tokens if cfg.loss_agg == "token-mean" else c.completion_mask.shape[0] / n_seqs
             (loss * share).backward()
@@ -184,12 +265,14 @@ def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Opti
 
 
 # ----- holdout check ------------------------------------------------------------------------------------------
-def holdout_pass_at_1(engine: Any, tasks: list[Task], max_new_tokens: int) -> tuple[dict[str, float], list[dict]]:
-    """Greedy pass@1 per domain (and "all"), plus the rows (for a samples table)."""
+def holdout_pass_at_1(engine: Any, tasks: list[Task], max_new_tokens: int,
+                      fmt: PromptFormat | None = None) -> tuple[dict[str, float], list[dict]]:
+    """Greedy pass@1 per domain (and "all"), plus the rows (for a samples table). Prompts are rendered with
+    `fmt` (the chat template) when given."""
     from training.rewards import score_tasks
 
-    groups = engine.generate([t.prompt for t in tasks], n_samples=1, max_new_tokens=max_new_tokens,
-                             temperature=0.0, seed=0)
+    prompts = [fmt.prompt_ids(t) for t in tasks] if fmt is not None else [t.prompt for t in tasks]
+    groups = engine.generate(prompts, n_samples=1, max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
     texts = [g[0].text for g in groups]
     scores = score_tasks(tasks, texts)
     by_domain: dict[str, list[float]] = defaultdict(list)
@@ -197,9 +280,33 @@ def holdout_pass_at_1(engine: Any, tasks: list[Task], max_new_tokens: int) -> tu
         by_domain[t.domain].append(s)
     rates = {d: sum(v) / len(v) for d, v in sorted(by_domain.items())}
     rates["all"] = sum(scores) / max(1, len(scores))
-    rows = [{"id": t.id, "domain": t.domain, "difficulty": t.difficulty, "prompt": t.prompt, "completion": c,
-             "reward": s} for t, c, s in zip(tasks, texts, scores)]
+    shown = [engine_text(engine, p) for p in prompts]
+    rows = [{"id": t.id, "domain": t.domain, "difficulty": t.difficulty, "prompt": shown_prompt, "completion": c,
+             "finish_reason": g[0].finish_reason, "reward": s}
+            for t, shown_prompt, g, c, s in zip(tasks, shown, groups, texts, scores)]
     return rates, rows
+
+
+def engine_text(engine: Any, prompt: Any) -> str:
+    """A prompt as the model saw it (chat rendering and special tokens included), for sample tables."""
+    if isinstance(prompt, str):
+        return prompt
+    return str(engine.tokenizer.decode(list(prompt), skip_special_tokens=False))
+
+
+def fitting_tasks(fmt: PromptFormat, tasks: list[Task], limit: int) -> tuple[list[Task], int]:
+    """The tasks whose rendered prompt has at most `limit` tokens, and how many were dropped (never cut)."""
+    kept = [t for t in tasks if len(fmt.prompt_ids(t)) <= limit]
+    return kept, len(tasks) - len(kept)
+
+
+def prompt_limit(cfg_limit: int, model: Any, max_new_tokens: int) -> int:
+    """max_prompt_tokens, or the model's context minus the completion budget when 0."""
+    if cfg_limit:
+        return cfg_limit
+    config = getattr(model, "config", None)
+    context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None) or 0
+    return max(1, int(context) - max_new_tokens) if context else 1 << 30
 
 
 def holdout_subset(tasks: list[Task], per_domain: int) -> list[Task]:
@@ -215,8 +322,9 @@ def holdout_subset(tasks: list[Task], per_domain: int) -> list[Task]:
 
 
 # ----- the stage ----------------------------------------------------------------------------------------------
-def load_policy(ctx: StageContext, stage: str, device: torch.device) -> tuple[Any, Any]:
-    model, tokenizer = models.load_model(ctx.input(stage).uri, "model",
+def load_policy(ctx: StageContext, stage: str, device: torch.device,
+                dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+    model, tokenizer = models.load_model(ctx.input(stage).uri, "model", dtype=dtype,
                                          cache_dir=ctx.workdir / f"model-{stage}")
     return model.to(device), tokenizer
 
@@ -235,24 +343,41 @@ class Round:
     pool: dict[str, dict[int, list[Task]]]
     curriculum: Curriculum
     device: torch.device
+    fmt: PromptFormat
+    engine_name: str = "hf"
+    compute_dtype: torch.dtype = torch.float32
+    prompts_dropped: int = 0
     samples_seen: int = 0
     last_rows: list[dict] = field(default_factory=list)
+    _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, cfg: GRPOConfig, round_: int, model: Any, tokenizer: Any, ref_model: Any | None,
               train_tasks: list[Task], device: torch.device) -> Round:
+        fmt = PromptFormat(tokenizer, getattr(tokenizer, "chat_settings", None), model.generation_config)
+        limit = prompt_limit(cfg.max_prompt_tokens, model, cfg.max_new_tokens)
+        train_tasks, dropped = fitting_tasks(fmt, train_tasks, limit)
         pool: dict[str, dict[int, list[Task]]] = defaultdict(lambda: defaultdict(list))
         for t in train_tasks:
             pool[t.domain][t.difficulty].append(t)
+        if not pool:
+            raise ValueError(f"rl_round: no train task has a prompt within {limit} tokens ({dropped} dropped)")
         unknown = sorted(set(cfg.domain_weights) - set(pool))
         if unknown:
             raise ValueError(f"domain_weights name domains {unknown} absent from the train split {sorted(pool)}")
         optimizer = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay)
-        engine = make_engine(cfg.rollout_engine, model, tokenizer,
-                             **({"batch_size": cfg.rollout_batch_size} if cfg.rollout_engine == "hf" else {}))
+        engine_name = resolve_engine(cfg.rollout_engine, device)
+        engine = make_engine(engine_name, model, tokenizer, stop_ids=fmt.stop_ids, **engine_options(cfg, engine_name))
         low, high = cfg.curriculum_band
         curriculum = Curriculum((low, high), cfg.curriculum_floor, cfg.curriculum_ema)
-        return cls(cfg, round_, model, tokenizer, ref_model, optimizer, engine, pool, curriculum, device)
+        return cls(cfg, round_, model, tokenizer, ref_model, optimizer, engine, pool, curriculum, device, fmt,
+                   engine_name, resolve_precision(cfg.precision, device), dropped)
+
+    def prompt_ids(self, task: Task) -> list[int]:
+        """The task's chat-rendered prompt ids (rendered once per task and kept)."""
+        if task.id not in self._prompt_ids:
+            self._prompt_ids[task.id] = self.fmt.prompt_ids(task)
+        return self._prompt_ids[task.id]
 
     def step(self, step: int) -> dict[str, float]:
         """Training step `step` (0-based): sample, score, filter, update. Returns its metrics."""
@@ -269,12 +394,14 @@ class Round:
         kept: list[tuple[Task, list[Completion], list[float]]] = []
         domain_rewards: dict[str, list[float]] = defaultdict(list)
         drawn = zero_var = 0
+        cut_by_length: list[float] = []
         for draw in range(cfg.max_sampling_batches if cfg.dynamic_sampling else 1):
             rng = random.Random(derive_seed(cfg.seed, self.round, step, draw, "prompts"))
             tasks = pick_prompts(self.pool, counts, self.curriculum if cfg.curriculum else None, rng)
-            groups = self.engine.generate([t.prompt for t in tasks], cfg.samples_per_prompt, cfg.max_new_tokens,
-                                          cfg.temperature, cfg.top_p,
+            groups = self.engine.generate([self.prompt_ids(t) for t in tasks], cfg.samples_per_prompt,
+                                          cfg.max_new_tokens, cfg.temperature, cfg.top_p,
                                           seed=derive_seed(cfg.seed, self.round, step, draw, "sample"))
+            cut_by_length.append(length_cut_share(groups))
             flat_tasks = [t for t in tasks for _ in range(cfg.samples_per_prompt)]
             scores = score_tasks(flat_tasks, [c.text for g in groups for c in g])
             rewards = torch.tensor(scores, dtype=torch.float32).view(len(tasks), cfg.samples_per_prompt)  # (B, G)
@@ -296,14 +423,19 @@ class Round:
         if kept:
             rewards = torch.tensor([r for _, _, r in kept])  # (K, G)
             adv = algorithms.get_advantage(cfg.advantage)(rewards)  # (K, G)
-            chunks = micro_batches(self.tokenizer, [t.prompt for t, _, _ in kept], [g for _, g, _ in kept],
+            chunks = micro_batches(self.tokenizer, [self.prompt_ids(t) for t, _, _ in kept], [g for _, g, _ in kept],
                                    adv.flatten(), self.device, cfg.micro_batch_size,
                                    cfg.packed_groups and takes_4d_mask(self.model), next(self.model.parameters()).dtype)
-            stats = policy_update(self.model, self.ref_model, self.optimizer, chunks, cfg)
-            if cfg.rollout_engine != "hf":  # the hf engine samples from the trainer's own model object
-                self.engine.update_weights(self.model.state_dict())
-            self.last_rows = [{"step": step + 1, "domain": t.domain, "difficulty": t.difficulty, "prompt": t.prompt,
-                               "completion": c.text, "reward": r, "advantage": float(a)}
+            self.engine.sleep()  # vLLM with sleep mode gives the GPU back to the trainer for the update
+            stats = policy_update(self.model, self.ref_model, self.optimizer, chunks, cfg,
+                                  tis=use_tis(cfg, self.engine_name), compute_dtype=self.compute_dtype)
+            self.engine.wake_up()
+            if self.engine_name != "hf":  # the hf engine samples from the trainer's own model object
+                self.engine.update_weights(merged_state_dict(self.model))
+                stats["weight_sync_seconds"] = float(self.engine.last_sync_s)
+            self.last_rows = [{"step": step + 1, "domain": t.domain, "difficulty": t.difficulty,
+                               "prompt": engine_text(self.engine, self.prompt_ids(t)), "completion": c.text,
+                               "finish_reason": c.finish_reason, "reward": r, "advantage": float(a)}
                               for (t, g, rs), ad in zip(kept, adv.tolist())
                               for c, r, a in zip(g, rs, ad)][:cfg.log_samples]
         metrics = {f"reward/{d}": sum(v) / len(v) for d, v in sorted(domain_rewards.items())}
@@ -312,8 +444,17 @@ class Round:
         metrics.update({f"train/{k}": v for k, v in stats.items()})
         metrics.update({"groups_drawn": float(drawn), "groups_kept": float(len(kept)),
                         "zero_variance_frac": zero_var / max(1, drawn), "lr": lr,
+                        "rollout/length_cut_frac": sum(cut_by_length) / max(1, len(cut_by_length)),
                         "step_seconds": time.monotonic() - t0})
         return metrics
+
+
+def engine_options(cfg: GRPOConfig, engine_name: str) -> dict[str, Any]:
+    if engine_name == "hf":
+        return {"batch_size": cfg.rollout_batch_size}
+    return {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization, "max_model_len": cfg.vllm_max_model_len,
+            "enable_prefix_caching": cfg.vllm_prefix_caching, "enable_sleep_mode": cfg.vllm_sleep_mode,
+            "tensor_parallel_size": cfg.vllm_tensor_parallel_size, "seed": cfg.seed}
 
 
 def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
@@ -321,14 +462,33 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     prev = "sft" if round_ == 1 else rl_round_stage(round_ - 1)
 
-    # Policy (previous stage), frozen reference (SFT), tasks.
-    model, tokenizer = load_policy(ctx, prev, device)
+    # Policy (previous stage), the KL reference, tasks. With LoRA the frozen base is stored in the compute
+    # precision and, adapters disabled, is the reference; without, the reference is the SFT model (offloadable).
+    compute_dtype = resolve_precision(cfg.precision, device)
+    model, tokenizer = load_policy(ctx, prev, device, dtype=compute_dtype if cfg.lora.enabled else None)
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     ref_model = None
-    if cfg.beta:
-        ref_model, _ = load_policy(ctx, "sft", device)
+    if cfg.lora.enabled:
+        model = apply_lora(model, cfg.lora)
+        reference = f"{prev} (the LoRA base, adapters disabled; no second copy)"
+    elif cfg.beta:
+        ref_model, _ = load_policy(ctx, "sft", torch.device("cpu") if cfg.ref_device == "cpu" else device)
         ref_model.eval().requires_grad_(False)
-    holdout = holdout_subset(ctx.tasks("holdout"), cfg.holdout_per_domain)
+        reference = f"sft ({'offloaded to cpu' if cfg.ref_device == 'cpu' else 'on ' + str(device)})"
+    else:
+        reference = "none (beta = 0)"
     rnd = Round.build(cfg, round_, model, tokenizer, ref_model, ctx.tasks("train"), device)
+    limit = prompt_limit(cfg.max_prompt_tokens, model, cfg.max_new_tokens)
+    holdout, holdout_dropped = fitting_tasks(rnd.fmt, holdout_subset(ctx.tasks("holdout"), cfg.holdout_per_domain),
+                                             limit)
+    ctx.progress(f"round {round_}: engine {rnd.engine_name}, precision {rnd.compute_dtype}, lora={cfg.lora.enabled}, "
+                 f"reference {reference}, prompts {'chat-rendered' if rnd.fmt.uses_template else 'plain'}, "
+                 f"stop ids {rnd.fmt.stop_ids}; dropped over {limit} prompt tokens: {rnd.prompts_dropped} train, "
+                 f"{holdout_dropped} holdout", prompts_dropped_train=float(rnd.prompts_dropped),
+                 prompts_dropped_holdout=float(holdout_dropped))
+    ctx.mlflow.set_tags({"posttrain.rollout_engine": rnd.engine_name, "posttrain.reference": reference,
+                         "posttrain.lora": str(cfg.lora.enabled), "posttrain.precision": str(rnd.compute_dtype)})
 
     # Resume, or measure where the round starts.
     start_step, history = 0, []
@@ -338,11 +498,11 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
         rnd.curriculum.rates = dict(state["extra"]["curriculum"])
         holdout_before = state["extra"]["holdout_before"]
         history = list(state["extra"]["history"])
-        if cfg.rollout_engine != "hf":
-            rnd.engine.update_weights(model.state_dict())
+        if rnd.engine_name != "hf":
+            rnd.engine.update_weights(merged_state_dict(model))
         ctx.progress(f"resumed from checkpoint step {start_step}")
     else:
-        holdout_before, _ = holdout_pass_at_1(rnd.engine, holdout, cfg.max_new_tokens)
+        holdout_before, _ = holdout_pass_at_1(rnd.engine, holdout, cfg.max_new_tokens, rnd.fmt)
         ctx.progress(f"round {round_} starts from {prev}",
                      **{f"holdout_before/{k}": v for k, v in holdout_before.items()})
 
@@ -358,17 +518,19 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
             checkpointing.save(ctx.stage_uri, done, model, rnd.optimizer, tokenizer,
                                extra={"curriculum": dict(rnd.curriculum.rates), "holdout_before": holdout_before,
-                                      "history": history})
+                                      "history": history}, keep_last=cfg.keep_checkpoints)
             ctx.progress(f"checkpoint step {done}")
     elapsed = time.monotonic() - t0
 
     # End of round: holdout check, samples table, the new policy.
     model.eval()
-    holdout_after, holdout_rows = holdout_pass_at_1(rnd.engine, holdout, cfg.max_new_tokens)
+    holdout_after, holdout_rows = holdout_pass_at_1(rnd.engine, holdout, cfg.max_new_tokens, rnd.fmt)
     ctx.mlflow.log_metrics({**{f"holdout/{k}": v for k, v in holdout_after.items()},
                             **{f"holdout_delta/{k}": holdout_after[k] - holdout_before.get(k, 0.0)
                                for k in holdout_after}}, step=cfg.steps)
-    ctx.mlflow.log_table(rnd.last_rows + _holdout_samples(holdout_rows, cfg.log_samples), "samples.json")
+    samples = rnd.last_rows + _holdout_samples(holdout_rows, cfg.log_samples)
+    ctx.mlflow.log_table(samples, "samples.json")
+    ctx.writer.put_json(samples, "samples.json")
     models.save_checkpoint(model, tokenizer, ctx.writer, "model")
     ctx.writer.put_json({"holdout_before": holdout_before, "holdout_after": holdout_after, "history": history},
                         "round_report.json")
@@ -385,6 +547,8 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
             # reward-hacking rule, read by evaluate into report.json's "rounds")
             "holdout": holdout_counts, "train_reward_mean": sum(rewards) / max(1, len(rewards)),
             "final_train_metrics": history[-1] if history else {},
+            "rollout_engine": rnd.engine_name, "reference": reference, "lora": cfg.lora.enabled,
+            "prompts_dropped": {"train": rnd.prompts_dropped, "holdout": holdout_dropped},
             "samples_per_s_this_attempt": rnd.samples_seen / max(elapsed, 1e-9)}
 
 

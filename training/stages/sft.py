@@ -21,9 +21,12 @@ from typing import Any
 import torch
 
 from training import checkpointing, models
+from training.chat import ChatSettings, PromptFormat
 from training.config import ConfigBase
 from training.devices import resolve_device
+from training.lora import LoraSettings, apply_lora
 from training.optimizers import adamw
+from training.precision import autocast, enable_gradient_checkpointing, resolve_precision
 from training.stage import StageContext
 from training.tasksets.schema import Task
 
@@ -31,19 +34,6 @@ STAGE = "sft"
 
 
 # ----- config -------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA (Hu et al. 2021) through peft. enabled: train adapters only; r: rank; alpha: scale numerator
-    (effective scale alpha/r); dropout: on the adapter input; target_modules: module names to adapt
-    (GPT-2: c_attn, c_proj, c_fc)."""
-
-    enabled: bool = False
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])
-
-
 @dataclass(frozen=True)
 class SFTConfig(ConfigBase):
     """Supervised fine-tuning (stage `sft`).
@@ -57,7 +47,12 @@ class SFTConfig(ConfigBase):
     tiny:              tiny profile model shape (training.models.TinyModelConfig).
     domains:           task domains to train on ([] = all in the train split).
     max_examples:      cap on training examples (0 = all), taken in file order.
-    max_seq_len:       packed row length in tokens; an example longer than this is truncated (and counted).
+    chat:              system prompt and per-domain answer-format instructions (training.chat.ChatSettings);
+                       saved with the model, so RL rounds and evaluation render prompts the same way.
+    max_seq_len:       packed row length in tokens. Examples are never cut: an example longer than this is
+                       dropped and counted, and the stage fails when more than `max_overlong_share` of the
+                       examples are (naming the longest), because a cut answer loses its final line and its EOS.
+    max_overlong_share: share of examples allowed over max_seq_len (dropped) before the stage fails.
     packing:           concatenate examples into full rows with a block-diagonal attention mask and positions
                        restarting per example, so no compute is spent on padding and examples never attend to
                        each other ("packing with attention masking", as in Krell et al. 2021, "Efficient
@@ -73,6 +68,10 @@ class SFTConfig(ConfigBase):
     checkpoint_every:  save a resumable checkpoint every N steps (0 = only at the end).
     log_every:         step metrics to MLflow every N steps.
     lora:              LoraSettings; off by default (the tiny profile trains from scratch).
+    precision:         "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16" (training.precision).
+    gradient_checkpointing: recompute activations in the backward pass (less memory, ~1/3 more compute).
+    keep_checkpoints:  mid-stage checkpoints kept (the newest N; older ones are deleted once a newer one is
+                       complete). The stage's final model is its output and is always kept.
     device:            "cpu", "cuda" or "auto".
     """
 
@@ -83,7 +82,9 @@ class SFTConfig(ConfigBase):
     tiny: models.TinyModelConfig = field(default_factory=models.TinyModelConfig)
     domains: list[str] = field(default_factory=list)
     max_examples: int = 0
+    chat: ChatSettings = field(default_factory=ChatSettings)
     max_seq_len: int = 128
+    max_overlong_share: float = 0.01
     packing: bool = True
     batch_size: int = 16
     max_steps: int = 300
@@ -96,7 +97,14 @@ class SFTConfig(ConfigBase):
     checkpoint_every: int = 100
     log_every: int = 10
     lora: LoraSettings = field(default_factory=LoraSettings)
+    precision: str = "auto"
+    gradient_checkpointing: bool = False
+    keep_checkpoints: int = 2
     device: str = "auto"
+
+
+class ExamplesTooLong(ValueError):
+    """More SFT examples than allowed do not fit max_seq_len (exit 2: raise max_seq_len or shorten the data)."""
 
 
 # ----- data: tokenise with a response-only loss mask, then pack ---------------------------------------------
@@ -175,27 +183,47 @@ def response_loss(model: Any, batch: Batch) -> tuple[torch.Tensor, int]:
 
 
 # ----- model --------------------------------------------------------------------------------------------------
-def build_model(cfg: SFTConfig, tasks: list[Task], tokenizer_dir: Path | None = None) -> tuple[Any, Any]:
-    """The model to fine-tune: the tiny profile's (tokenizer trained on the corpus) or `base_model`, + LoRA."""
+def build_model(cfg: SFTConfig, tasks: list[Task], tokenizer_dir: Path | None = None,
+                dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+    """The model to fine-tune: the tiny profile's (tokenizer trained on the corpus) or `base_model`, + LoRA.
+    `dtype` is the storage dtype of the base weights (bf16 only for a frozen LoRA base)."""
     if cfg.base_model:
-        model, tokenizer = models.load_model(cfg.base_model, cfg.base_model_subdir)
+        model, tokenizer = models.load_model(cfg.base_model, cfg.base_model_subdir, dtype=dtype)
     else:
         tokenizer = None if tokenizer_dir else models.build_tiny_tokenizer(corpus(tasks), cfg.vocab_size)
     if tokenizer_dir is not None:  # resuming: the checkpoint's tokenizer, exactly
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        tokenizer = models.load_tokenizer(tokenizer_dir)
     if not cfg.base_model:
         torch.manual_seed(cfg.seed)
         model = models.build_tiny_model(cfg.tiny, tokenizer)
+    tokenizer.chat_settings = cfg.chat
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     if cfg.lora.enabled:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(
-            r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-            target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM",
-            fan_in_fan_out=getattr(model.config, "model_type", "") == "gpt2"))
+        model = apply_lora(model, cfg.lora)
     return model, tokenizer
+
+
+def encode_examples(fmt: PromptFormat, tasks: list[Task], max_seq_len: int,
+                    max_overlong_share: float) -> tuple[list[Example], list[tuple[str, int]]]:
+    """Chat-rendered examples that fit `max_seq_len`, and (task id, length) of those that do not (dropped,
+    never cut). Raises ExamplesTooLong, naming the longest, when more than `max_overlong_share` do not fit."""
+    kept: list[Example] = []
+    over: list[tuple[str, int]] = []
+    for task in tasks:
+        ex = fmt.sft_example(task)
+        if len(ex.input_ids) > max_seq_len:
+            over.append((task.id, len(ex.input_ids)))
+        else:
+            kept.append(Example(ex.input_ids, ex.loss_mask))
+    if over and len(over) > max_overlong_share * len(tasks):
+        longest = max(over, key=lambda item: item[1])
+        raise ExamplesTooLong(
+            f"sft: {len(over)} of {len(tasks)} examples ({len(over) / len(tasks):.1%}) are longer than "
+            f"max_seq_len={max_seq_len} tokens (allowed: {max_overlong_share:.1%}); the longest is task "
+            f"{longest[0]!r} at {longest[1]} tokens. Raise max_seq_len (or max_overlong_share to drop them); "
+            f"examples are never truncated, since a cut answer loses its final answer line and its EOS.")
+    return kept, over
 
 
 def corpus(tasks: list[Task]) -> list[str]:
@@ -222,7 +250,8 @@ def train(ctx: StageContext) -> dict[str, Any]:
 
     # Resume: the last complete checkpoint carries the tokenizer, weights, optimizer, RNG and step.
     state, tok_dir = checkpointing.latest_state(ctx.stage_uri, ctx.workdir)
-    model, tokenizer = build_model(cfg, tasks, tok_dir)
+    compute_dtype = resolve_precision(cfg.precision, device)
+    model, tokenizer = build_model(cfg, tasks, tok_dir, dtype=compute_dtype if cfg.lora.enabled else None)
     if state is not None:  # weights before .to(device), so the optimizer state lands beside them
         model.load_state_dict(state["model"])
     model.to(device).train()
@@ -234,10 +263,19 @@ def train(ctx: StageContext) -> dict[str, Any]:
     else:
         checkpointing.seed_everything(cfg.seed)
 
-    examples = [tokenize_example(tokenizer, t.prompt, t.reference, cfg.max_seq_len) for t in tasks]
-    truncated = sum(len(tokenizer(t.prompt + t.reference)["input_ids"]) + 1 > cfg.max_seq_len for t in tasks)
-    ctx.progress(f"{len(examples)} examples, {truncated} truncated, "
-                 f"{models.count_parameters(model):,} parameters", step=start_step)
+    fmt = PromptFormat(tokenizer, cfg.chat, model.generation_config)
+    examples, overlong = encode_examples(fmt, tasks, cfg.max_seq_len, cfg.max_overlong_share)
+    ctx.progress(f"{len(examples)} examples ({'chat template' if fmt.uses_template else 'plain text'}), "
+                 f"{len(overlong)} over max_seq_len={cfg.max_seq_len} dropped, "
+                 f"{models.count_parameters(model):,} parameters, precision {compute_dtype}, "
+                 f"lora={cfg.lora.enabled}, gradient_checkpointing={cfg.gradient_checkpointing}",
+                 step=start_step, examples_overlong=float(len(overlong)))
+    # What the model is trained on, as a person would check it: the rendered conversation, loss part marked.
+    samples = [{"text": tokenizer.decode(ex.input_ids),
+                "trained": tokenizer.decode([t for t, m in zip(ex.input_ids, ex.loss_mask) if m])}
+               for ex in examples[:8]]
+    ctx.writer.put_json(samples, "sample_examples.json")
+    ctx.mlflow.log_table(samples, "sample_examples.json")
 
     @functools.lru_cache(maxsize=1)
     def rows_for_epoch(epoch: int) -> list[list[Example]]:
@@ -262,7 +300,8 @@ def train(ctx: StageContext) -> dict[str, Any]:
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, n_tok = response_loss(model, batch)
+        with autocast(device, compute_dtype):
+            loss, n_tok = response_loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -277,12 +316,13 @@ def train(ctx: StageContext) -> dict[str, Any]:
                          response_tokens_per_s=tokens_seen / max(elapsed, 1e-9))
             loss_sum, loss_n = 0.0, 0
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.max_steps:
-            checkpointing.save(ctx.stage_uri, done, model, optimizer, tokenizer)
+            checkpointing.save(ctx.stage_uri, done, model, optimizer, tokenizer, keep_last=cfg.keep_checkpoints)
             ctx.progress(f"checkpoint step {done}")
 
     model.eval()
     models.save_checkpoint(model, tokenizer, ctx.writer, "model")
     return {"steps": cfg.max_steps, "final_loss": last_loss, "examples": len(examples),
+            "examples_overlong_dropped": len(overlong), "chat_template": fmt.uses_template,
             "parameters": models.count_parameters(model), "resumed_from": start_step}
 
 
@@ -290,4 +330,4 @@ def cli(argv: list[str], prog: str = "posttrain sft") -> int:
     from training.cli import stage_cli
 
     return stage_cli(argv, prog, "Supervised fine-tuning on the task set's reference completions.", SFTConfig,
-                     STAGE, train)
+                     STAGE, train, user_errors=(ExamplesTooLong,))
