@@ -1,17 +1,9 @@
 """Stage `evaluate` (`posttrain evaluate`): the candidate, the SFT baseline and the champion on the same
 holdout, per domain.
 
-What is measured for each model (all on the run's holdout split, per domain):
-- pass@1 (greedy) and unbiased pass@k from `n_samples` samples (Chen et al. 2021);
-- success by difficulty (the long tail: where the model stops being reliable);
-- format-following rate: the completion has the shape the verifier needs (a number / valid JSON / code that
-  parses), passing or not;
-- self-repair for code: a failed program is shown with its sandbox error and the model retries, up to
-  `repair_turns` times; success within R turns;
-- long-context consistency: the same tasks with distractor text (other tasks) in front; pass@1 there and the
-  share of greedy passes kept;
-- failure modes: each greedy failure is "capability" (no sample passed: pass@k low) or "instability" (some
-  sample passed: pass@k high, pass@1 low).
+What is measured for each model, per domain on the run's holdout split, is listed in
+training/evaluation/measure.py: pass@1 and pass@k, success by difficulty, the format-following rate,
+self-repair for code, long-context consistency and failure modes (capability vs instability).
 
 Outputs under `<run>/evaluate/`: report.json (machine-readable, read by the gate), report.md and report.html
 (with plots: pass@1 per domain against the champion and the SFT baseline, reward per RL round), plots/*.png.
