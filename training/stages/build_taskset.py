@@ -192,7 +192,7 @@ def _samples(train: list[Task], holdout: list[Task], per_domain: int) -> list[di
                 taken[t.domain] += 1
                 rows.append({"split": split, "id": t.id, "domain": t.domain, "difficulty": t.difficulty,
                              "verifier": t.verifier, "prompt": t.prompt, "reference": t.reference,
-                             "answer": t.answer or "", "tests": len(t.tests)})
+                             "answer": t.answer or "", "tests": len(t.tests) if isinstance(t.tests, list) else 1})
     return rows
 
 
