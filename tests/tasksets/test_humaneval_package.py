@@ -5,7 +5,6 @@ wrong body passes (another problem's solution, `return None`, `pass`)."""
 from __future__ import annotations
 
 import gzip
-import json
 from pathlib import Path
 
 import pytest
