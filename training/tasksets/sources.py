@@ -16,7 +16,8 @@ class SourceSpec:
                 line so every error names its line).
     adapter:    "tasks" (rows already in the Task shape), "gsm8k" (question / answer with "#### X"), "math"
                 (MATH: problem / solution with \\boxed{}), "mbpp" (text or prompt / code / test_list of asserts),
-                "humaneval" (prompt / canonical_solution / test with check(candidate) / entry_point), "mapped" (any JSONL, through `fields`).
+                "humaneval" (prompt / canonical_solution / test with check(candidate) / entry_point),
+                "mapped" (any JSONL, through `fields`).
     name:       hub config name ("main" for gsm8k); split: hub split ("train", "test").
     limit:      keep the first `limit` rows (0 = all).
     fields:     mapped: Task field -> source column, e.g. {"prompt": "question", "answer": "label"}. Unmapped
