@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from training.config import ConfigBase
@@ -66,6 +66,9 @@ class TasksetConfig(ConfigBase):
     sources:          real data, a list of SourceSpec objects ({"path": ..., "adapter": ...}).
     quarantine:       bad source rows are written to quarantine.jsonl and counted instead of failing the stage.
     sample_rows:      tasks per domain in the MLflow sample table.
+    reward_weights:   per domain, the verifiers its reward combines and their weights, e.g.
+                      {"math": {"math": 0.9, "format": 0.1}}; stamped on each task as metadata.reward_weights
+                      (a task that already names its own keeps them). Empty: each task's verifier alone.
     """
 
     profile: str = "tiny"
@@ -80,6 +83,7 @@ class TasksetConfig(ConfigBase):
     sources: list[SourceSpec] = field(default_factory=list)
     quarantine: bool = False
     sample_rows: int = 20
+    reward_weights: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -98,6 +102,15 @@ class TasksetConfig(ConfigBase):
             raise ValueError("total and counts must be >= 0")
         if self.profile == "tiny":
             self.domain_counts()  # unknown generator domains fail here, as a config error
+        from training.rewards import VERIFIERS
+
+        for domain, weights in self.reward_weights.items():
+            unknown = sorted(set(weights) - set(VERIFIERS))
+            if unknown:
+                raise ValueError(f"reward_weights[{domain!r}]: unknown verifier(s) {unknown}; known: "
+                                 f"{', '.join(sorted(VERIFIERS))}")
+            if any(w < 0 for w in weights.values()) or not any(w > 0 for w in weights.values()):
+                raise ValueError(f"reward_weights[{domain!r}]: weights must be >= 0 and not all 0")
 
     def domain_counts(self) -> dict[str, int]:
         """tiny: how many tasks to generate per domain."""
@@ -161,6 +174,9 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
             errors.append(RowError(label, None, None, "no task rows"))
     if config.sources:
         timings["load_sources"] = time.perf_counter() - t
+    if config.reward_weights:
+        tasks = [replace(t, metadata={**t.metadata, "reward_weights": dict(config.reward_weights[t.domain])})
+                 if t.domain in config.reward_weights and "reward_weights" not in t.metadata else t for t in tasks]
     file_level = [e for e in errors if e.row is None]
     if errors and (not config.quarantine or file_level):
         raise TasksetValidationError(file_level if config.quarantine else errors)
