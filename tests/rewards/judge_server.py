@@ -30,7 +30,8 @@ class JudgeServer:
                     self.send_error(404)
                     return
                 content = body["messages"][-1]["content"]
-                reference = content.split("Reference answer (may be empty):\n", 1)[-1].split("\n\nAnswer to grade", 1)[0]
+                reference = content.split("Reference answer (may be empty):\n", 1)[-1]
+                reference = reference.split("\n\nAnswer to grade", 1)[0]
                 graded = content.split("Answer to grade:\n", 1)[-1].split("\n\nRate the answer", 1)[0]
                 if "SLOW" in graded:
                     time.sleep(5)
