@@ -48,6 +48,7 @@ _FRAC_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _MIXED_RE = re.compile(r"([+-]?)(\d+)\s*\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
 _ANSWER_IS_RE = re.compile(r"answer\s*(?:is|was|:|=)\s*:?\s*", re.IGNORECASE)
 _HASHES_RE = re.compile(r"####\s*")
+_DOLLARS_RE = re.compile(r"\$\s*([^$]+?)\s*\$")
 
 
 def _boxed(text: str) -> str | None:
@@ -74,6 +75,9 @@ def _first_answer_after(rest: str) -> str:
     line = rest.strip().split("\n", 1)[0].strip()
     if parse_number(line) is not None:
         return line.rstrip(".")
+    math_span = _DOLLARS_RE.search(line)
+    if math_span and parse_number(math_span.group(1)) is None:
+        return math_span.group(1).strip()  # "$\\sqrt{3}/2$": a symbolic answer, whole (its first number is not it)
     m = NUMBER_RE.search(_FRAC_RE.sub(r"\1/\2", line.replace("$", "")))
     if m:
         return m.group(0).strip().rstrip(".")
