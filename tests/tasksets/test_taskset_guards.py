@@ -51,8 +51,9 @@ def test_templated_rows_keep_their_train_split(tmp_path) -> None:
 
 
 def test_without_common_ngrams_the_loss_is_named_not_silent(tmp_path) -> None:
-    with pytest.raises(TasksetEmptied, match=r"decontamination \(13-gram overlap with the holdout\) dropped "
-                                             r"\d+ of \d+ 'math' rows \(100%, more than max_filter_loss=0.75\); 0 left"):
+    message = (r"decontamination \(13-gram overlap with the holdout\) dropped \d+ of \d+ 'math' rows "
+               r"\(100%, more than max_filter_loss=0.75\); 0 left")
+    with pytest.raises(TasksetEmptied, match=message):
         build(_config(tmp_path, _gsm8k_rows(400), ngram_common=0.0))
 
 
