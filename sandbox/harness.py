@@ -107,12 +107,16 @@ class _Writer:
         return True
 
 
-def _finish(code: int = 0) -> NoReturn:
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - a closed or broken stream only loses output
             pass
+
+
+def _finish(code: int = 0) -> NoReturn:
+    _flush()
     # os._exit: no atexit hooks, no waiting for non-daemon threads the program left behind
     os._exit(code)
 
@@ -221,6 +225,7 @@ def _serve_candidate(program: str, requests: Any, reply_fd: int) -> NoReturn:
     try:
         exec(compile(program, "<solution>", "exec"), namespace)
     except BaseException as exc:
+        _flush()
         _send(reply_fd, {"program_error": describe(exc), "memory": _type(exc) is MemoryError})
         _finish(0)
     _send(reply_fd, {"ready": True})
@@ -242,6 +247,7 @@ def _serve_candidate(program: str, requests: Any, reply_fd: int) -> NoReturn:
                 reply = {"e": _type(exc).__name__, "m": describe(exc), "memory": _type(exc) is MemoryError}
             except BaseException:  # noqa: BLE001 - an exception whose type name cannot be read
                 reply = {"e": "Exception", "m": "exception (undescribable)", "memory": False}
+        _flush()  # before the reply: the test process may finish (and, as pid 1, take us down) once it has it
         try:
             _send(reply_fd, reply)
         except BaseException:  # noqa: BLE001 - an unsendable reply (e.g. memory): the test sees a hang-up
