@@ -13,10 +13,11 @@ sandbox/README.md. Never imports torch.
 
 from sandbox.asserts import parse_assert_tests
 from sandbox.pool import Pool, SandboxUnavailable, default_pool, run, run_batch, shutdown_default_pool
-from sandbox.spec import CaseResult, IsolationLevel, Job, Limits, Status, TestCase, Verdict
+from sandbox.spec import CaseResult, IsolationLevel, Job, Limits, Status, TestCase, TestProgram, Verdict
 from sandbox.values import values_equal
 
 __all__ = [
-    "CaseResult", "IsolationLevel", "Job", "Limits", "Pool", "SandboxUnavailable", "Status", "TestCase", "Verdict",
+    "CaseResult", "IsolationLevel", "Job", "Limits", "Pool", "SandboxUnavailable", "Status", "TestCase", "TestProgram",
+    "Verdict",
     "default_pool", "parse_assert_tests", "run", "run_batch", "shutdown_default_pool", "values_equal",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 
 from sandbox.asserts import parse_assert_tests
 from sandbox.pool import Pool, SandboxUnavailable
-from sandbox.spec import Job, Limits, TestCase, Verdict
+from sandbox.spec import Job, Limits, TestCase, TestProgram, Verdict
 
 EXIT_PASSED, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -73,7 +73,15 @@ def _print_human(verdict: Verdict) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     try:
         program = _read_program(Path(args.program))
-        tests = load_tests(Path(args.tests), args.entry_point)
+        tests: list[TestCase] = []
+        test_program = None
+        if args.test_program:
+            try:
+                test_program = TestProgram(_read_program(Path(args.tests)), args.entry_point)
+            except ValueError as exc:
+                raise BadInput(f"{args.tests}: {exc}") from None
+        else:
+            tests = load_tests(Path(args.tests), args.entry_point)
         overrides: dict[str, Any] = {}
         if args.timeout is not None:
             overrides["wall_s"] = overrides["cpu_s"] = args.timeout
@@ -86,7 +94,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except BadInput as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    job = Job(program, tests, limits, id=Path(args.program).stem)
+    job = Job(program, tests, limits, id=Path(args.program).stem, test_program=test_program)
     try:
         with Pool(max_slots=1, allow_unisolated=args.allow_unisolated or None) as pool:
             verdict = pool.run(job)
@@ -131,6 +139,9 @@ def build_parser(prog: str = "posttrain sandbox") -> argparse.ArgumentParser:
     run.add_argument("--tests", required=True,
                      help="tests: a .json list of {call, expected} objects, or a Python file of assert lines")
     run.add_argument("--entry-point", help="with a HumanEval `def check(candidate)` tests file: the function name")
+    run.add_argument("--test-program", action="store_true",
+                     help="run the Python tests file as a whole program (loops, helpers, check(candidate) called "
+                          "with --entry-point) in its own process, calling the program's functions in another")
     run.add_argument("--json", action="store_true", help="print the verdict as JSON")
     run.add_argument("--timeout", type=float, help=f"wall and CPU seconds (default: {Limits().wall_s:g})")
     run.add_argument("--memory-mb", type=int,

@@ -20,7 +20,7 @@ from pathlib import Path
 from sandbox.spec import IsolationLevel, Job, Verdict
 from sandbox.verdict import error_verdict, make_verdict
 
-_MODULES = ("isolation", "harness", "supervisor")  # dependency order
+_MODULES = ("isolation", "values", "harness", "supervisor")  # dependency order
 # Runs as the container's entry point: rebuild the sandbox modules from stdin, then supervise the job.
 BOOT = (
     "import sys, json, types\n"
@@ -75,8 +75,7 @@ class DockerBackend:
         ]
 
     def payload(self, job: Job, nonce: str) -> bytes:
-        request = {"id": nonce, "slot": 0, "nonce": nonce, "program": job.program,
-                   "calls": [t.call for t in job.tests], "limits": job.effective_limits.to_dict()}
+        request = {"id": nonce, "slot": 0, "nonce": nonce, **job.request()}
         return json.dumps({"order": list(_MODULES), "modules": self._sources, "request": request}).encode()
 
     def run(self, job: Job) -> Verdict:

@@ -315,8 +315,7 @@ class Pool:
     def _submit(self, job: Job, index: int, slot: int, level: IsolationLevel) -> _Flight | Verdict:
         limits = job.effective_limits
         nonce = secrets.token_hex(16)
-        request = {"op": "run", "id": nonce, "slot": slot, "nonce": nonce, "program": job.program,
-                   "calls": [t.call for t in job.tests], "limits": limits.to_dict()}  # no expected values
+        request = {"op": "run", "id": nonce, "slot": slot, "nonce": nonce, **job.request()}  # no expected values
         for attempt in range(2):
             read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
             try:

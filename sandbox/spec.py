@@ -152,18 +152,86 @@ class TestCase:
             raise ValueError(f"{where}: {exc}") from None
 
 
+@dataclass(frozen=True)
+class TestProgram:
+    """Tests written as a whole program (HumanEval's `def check(candidate)`, MBPP's assert lines with
+    `test_setup_code`, loops, helpers, tolerances, expected exceptions).
+
+    source:      the test program. Assertions, loops and helper functions all run as written.
+    entry_point: when set, `check(<entry_point>)` is called after `source` ran (HumanEval); else running
+                 `source` is the test (MBPP).
+    setup:       trusted code run before `source` in the test process (HumanEval's prompt, whose helpers a
+                 check may call; MBPP's test_setup_code).
+
+    The test program runs in its own process inside the job and never runs candidate code: every name it
+    uses that neither it nor `setup` defines (and that is not a builtin), and the entry point, is a stub that
+    calls the candidate's function in a second process over a pipe carrying only plain encoded values.
+    Arguments are copies: a candidate that mutates an argument in place is not seen by the test.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    source: str
+    entry_point: str | None = None
+    setup: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("source", "setup"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"TestProgram.{name} must be a string")
+        if not self.source.strip():
+            raise ValueError("TestProgram.source is empty")
+        if self.entry_point is not None and not (isinstance(self.entry_point, str)
+                                                 and self.entry_point.isidentifier()):
+            raise ValueError(f"TestProgram.entry_point must be an identifier, got {self.entry_point!r}")
+        for name in ("setup", "source"):
+            try:
+                compile(getattr(self, name), f"<test {name}>", "exec")
+            except (SyntaxError, ValueError) as exc:
+                raise ValueError(f"TestProgram.{name} is not valid Python: {exc}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source}
+        if self.entry_point is not None:
+            out["entry_point"] = self.entry_point
+        if self.setup:
+            out["setup"] = self.setup
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "test_program") -> TestProgram:
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected an object with 'source', got {type(data).__name__}")
+        unknown = set(data) - {"source", "entry_point", "setup"}
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: source, entry_point, setup")
+        if "source" not in data:
+            raise ValueError(f"{where}: missing field 'source'")
+        try:
+            return cls(data["source"], data.get("entry_point"), data.get("setup") or "")
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+
+
+# What the host compares for a test-program job: the one value its test process reports, True when every
+# assertion held. The call text only labels the case.
+PROGRAM_CHECK = TestCase("test_program()", True)
+
+
 def _new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
 @dataclass(frozen=True)
 class Job:
-    """A program and the tests it must pass. `tests` is stored as a tuple (the job is immutable)."""
+    """A program and the tests it must pass: `tests` (call/expected pairs compared on the host) or one
+    `test_program` (then `tests` is empty). `tests` is stored as a tuple (the job is immutable)."""
 
     program: str
-    tests: Sequence[TestCase]
+    tests: Sequence[TestCase] = ()
     limits: Limits | None = None
     id: str = field(default_factory=_new_id)
+    test_program: TestProgram | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.program, str):
@@ -177,6 +245,22 @@ class Job:
             raise ValueError(f"Job.limits must be a Limits or None, got {type(self.limits).__name__}")
         if not isinstance(self.id, str) or not self.id:
             raise ValueError("Job.id must be a non-empty string")
+        if self.test_program is not None:
+            if not isinstance(self.test_program, TestProgram):
+                raise ValueError(f"Job.test_program must be a TestProgram, got {type(self.test_program).__name__}")
+            if tests:
+                raise ValueError("a Job has either tests or a test_program, not both")
+
+    @property
+    def checks(self) -> tuple[TestCase, ...]:
+        """What the host compares reported values against (for a test program: one True)."""
+        return (PROGRAM_CHECK,) if self.test_program is not None else tuple(self.tests)
+
+    def request(self) -> dict[str, Any]:
+        """What the job process receives: the program, the calls, the test program; never expected values."""
+        return {"program": self.program, "calls": [t.call for t in self.tests],
+                "test_program": self.test_program.to_dict() if self.test_program is not None else None,
+                "limits": self.effective_limits.to_dict()}
 
     @property
     def effective_limits(self) -> Limits:
@@ -184,6 +268,8 @@ class Job:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "program": self.program, "tests": [t.to_dict() for t in self.tests]}
+        if self.test_program is not None:
+            out["test_program"] = self.test_program.to_dict()
         if self.limits is not None:
             out["limits"] = self.limits.to_dict()
         return out
@@ -192,12 +278,16 @@ class Job:
     def from_dict(cls, data: Any, where: str = "job") -> Job:
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
-        unknown = set(data) - {"id", "program", "tests", "limits"}
+        unknown = set(data) - {"id", "program", "tests", "limits", "test_program"}
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: id, program, tests, limits")
+            raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: id, program, tests, limits, "
+                             "test_program")
         if not isinstance(data.get("program"), str):
             raise ValueError(f"{where}: 'program' must be a string")
-        tests = data.get("tests")
+        program = None
+        if data.get("test_program") is not None:
+            program = TestProgram.from_dict(data["test_program"], f"{where}.test_program")
+        tests = data.get("tests", [] if program is not None else None)
         if not isinstance(tests, list):
             raise ValueError(f"{where}: 'tests' must be a list of {{call, expected}} objects")
         cases = [TestCase.from_dict(t, f"{where}.tests[{i}]") for i, t in enumerate(tests)]
@@ -212,7 +302,10 @@ class Job:
         kwargs: dict[str, Any] = {}
         if data.get("id") is not None:
             kwargs["id"] = str(data["id"])
-        return cls(data["program"], cases, limits, **kwargs)
+        try:
+            return cls(data["program"], cases, limits, test_program=program, **kwargs)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
 
 
 @dataclass(frozen=True)

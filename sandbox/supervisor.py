@@ -27,16 +27,18 @@ from typing import Any, NoReturn
 from sandbox import harness, isolation
 
 RESULT_FD = 3
+TEST_FD = 4  # test-program jobs: the rest of the request (the test program), read by the test process
 DRAIN_S = 0.5  # after the job process exits: how long leftover writers may keep its pipes open
 _READ = 65536
 
 
-def close_fds_except(keep: int) -> None:
-    """Close every fd above 2 except `keep` (close_range(2) makes the wide range cheap)."""
+def close_fds_except(keep: int, keep_too: int | None = None) -> None:
+    """Close every fd above 2 except `keep` (and `keep_too`, the fd right after it) (close_range(2) makes the
+    wide range cheap)."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     top = hard if 0 < hard < 1 << 20 else 1 << 20
     os.closerange(3, keep)
-    os.closerange(keep + 1, top)
+    os.closerange((keep_too if keep_too is not None else keep) + 1, top)
 
 
 def workdir_for(ctx: dict[str, Any], request: dict[str, Any]) -> str:
@@ -56,6 +58,23 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
 
 
+def _read_exact(fd: int, n: int) -> bytes:
+    data = os.read(fd, n)
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            raise EOFError("request cut short")
+        data += chunk
+    return data
+
+
+def read_test_program(fd: int) -> dict[str, Any]:
+    """The rest of the request: the test program (see `Supervisor.__init__`)."""
+    data = _read_all(fd)
+    os.close(fd)
+    return marshal.loads(data)
+
+
 def job_main(out_w: int, err_w: int, res_w: int, req_r: int, ctx: dict[str, Any]) -> NoReturn:
     """The job process (a fork of the template). Never returns: unwinding into the parent's stack would
     run the parent's loop with the job's privileges."""
@@ -63,15 +82,24 @@ def job_main(out_w: int, err_w: int, res_w: int, req_r: int, ctx: dict[str, Any]
     try:
         try:
             os.setsid()  # own session and process group: one killpg reaches everything it starts
-            request = marshal.loads(_read_all(req_r))  # written by the worker: trusted, and cheap to load
+            # written by the worker: trusted, and cheap to load
+            request = marshal.loads(_read_exact(req_r, int.from_bytes(_read_exact(req_r, 4), "big")))
             uid, workdir = request["uid"], request["workdir"]  # made by the worker: less to do (and fault) here
+            if request["test_program"]:  # the test program is still in the pipe: keep it, above fds 0..TEST_FD
+                import fcntl
+
+                req_r = fcntl.fcntl(req_r, fcntl.F_DUPFD, TEST_FD + 1)
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
             os.dup2(res_w, RESULT_FD)
             err_fd = 2
-            close_fds_except(RESULT_FD)  # the worker's sockets, other jobs' pipes: none may reach the job
+            if request["test_program"]:
+                os.dup2(req_r, TEST_FD)
+                close_fds_except(RESULT_FD, TEST_FD)
+            else:
+                close_fds_except(RESULT_FD)  # the worker's sockets, other jobs' pipes: none may reach the job
             isolation.confine(request["limits"], workdir, uid, ctx["drop_caps"], ctx["pidns"], ctx["vm_base"],
                               ctx.get("nproc_rlimit", True))
             if "random" in sys.modules:  # forked from one template: else every job draws the same numbers
@@ -79,6 +107,9 @@ def job_main(out_w: int, err_w: int, res_w: int, req_r: int, ctx: dict[str, Any]
         except BaseException:  # noqa: BLE001 - no start frame follows, so the host reports ERROR
             os.write(err_fd, ("sandbox: job setup failed\n" + traceback.format_exc(limit=5)).encode()[-4000:])
             os._exit(127)
+        if request["test_program"]:
+            harness.run_test_program(request["program"], TEST_FD, read_test_program, request["nonce"], RESULT_FD,
+                                     request["limits"]["max_result_bytes"])
         harness.run(request["program"], request["calls"], request["nonce"], RESULT_FD,
                     request["limits"]["max_result_bytes"])
     finally:
@@ -100,9 +131,13 @@ class Supervisor:
         try:
             if self.uid is not None:
                 os.chown(self.workdir, self.uid, self.uid)
-            payload = marshal.dumps({"uid": self.uid, "workdir": self.workdir, "nonce": request["nonce"],
-                                     "program": request["program"], "calls": request["calls"],
-                                     "limits": self.limits})
+            test_program = request.get("test_program")
+            head = marshal.dumps({"uid": self.uid, "workdir": self.workdir, "nonce": request["nonce"],
+                                  "program": request["program"], "calls": request["calls"],
+                                  "test_program": test_program is not None, "limits": self.limits})
+            # The test program follows the head and is read only by the test process, after it forked the
+            # candidate: candidate code never has the tests (and their expected values) in its memory.
+            payload = len(head).to_bytes(4, "big") + head + (marshal.dumps(test_program) if test_program else b"")
             for _ in range(4):
                 pipes.append(os.pipe2(os.O_CLOEXEC))
         except BaseException:

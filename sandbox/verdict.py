@@ -96,7 +96,7 @@ def _signal_name(sig: int) -> str:
 
 
 def error_verdict(job: Job, level: IsolationLevel, detail: str) -> Verdict:
-    return Verdict(id=job.id, status=Status.ERROR, passed=0, total=len(job.tests), duration_s=0.0, stdout="",
+    return Verdict(id=job.id, status=Status.ERROR, passed=0, total=len(job.checks), duration_s=0.0, stdout="",
                    stderr="", stdout_truncated=False, stderr_truncated=False, isolation=level, detail=detail)
 
 
@@ -110,11 +110,12 @@ def make_verdict(job: Job, report: dict[str, Any], nonce: str, level: IsolationL
     except (binascii.Error, ValueError):
         return error_verdict(job, level, "malformed supervisor report")
     limits = job.effective_limits
-    total = len(job.tests)
+    checks = job.checks
+    total = len(checks)
     stream = parse_results(raw, nonce, total)
 
     cases: list[CaseResult] = []
-    for i, test in enumerate(job.tests):
+    for i, test in enumerate(checks):
         if stream.program_error is not None:
             cases.append(CaseResult(i, False, "program failed before tests ran"))
             continue

@@ -24,7 +24,7 @@ import time
 import traceback
 from typing import Any
 
-from sandbox import harness, isolation, supervisor, template, wire  # noqa: F401 - every job inherits them
+from sandbox import harness, isolation, supervisor, template, values, wire  # noqa: F401 - every job inherits them
 from sandbox.supervisor import Supervisor
 
 # Preloaded once so that a job's `import math` / `from typing import List` costs nothing. Kept small on

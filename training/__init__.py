@@ -4,7 +4,8 @@
     stage.py      the stage contract (skip when complete, MLflow run, manifest last, POSTTRAIN_RESULT line)
     cli.py        `posttrain`: every stage and tool
     tasksets/     Task records: generators, real-data loaders, validation, dedup, split, parquet I/O
-    rewards/      verifiers by name (math, code through sandbox/, json_rules) and `score_tasks`
+    rewards/      the Verifier interface; math (math-verify), code (sandbox/), json_rules, judge, format;
+                  weighted rewards and `score_tasks`
     rollout/      rollout engines (transformers, vLLM) behind one protocol
     evaluation/   measurements, report rendering, plots and the gate's rules
     algorithms.py advantage estimators, policy losses, KL estimators (pure tensor maths, registered by name)

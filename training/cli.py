@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     # tools
     "taskset": ("training.tasksets.check:cli",
                 "task-set tools: `taskset check FILE [--quarantine OUT]` validates task files"),
+    "score": ("training.score_cli:cli",
+              "score completions from any model against a task set: `score --tasks F --completions F [--json]`"),
     "sandbox": ("sandbox.cli:main", "run untrusted code against tests in the sandbox (`run`, `serve`, `info`)"),
     "adopt": ("training.cli_storage:adopt_cli", "copy a complete folder (champion, newest task set) into a run"),
     "latest": ("training.cli_storage:latest_cli", "show or move a latest.json pointer"),

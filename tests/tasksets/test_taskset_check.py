@@ -88,7 +88,8 @@ def test_bad_jsonl_names_row_and_field(tmp_path, capsys, name, rows, where) -> N
 def test_messages_say_what_is_wrong(tmp_path) -> None:
     cases = {
         "difficulty": ([row(MATH, 0, difficulty="hard")], "expected an integer 1..5, got str 'hard'"),
-        "verifier": ([row(MATH, 0, verifier="nope")], "unknown verifier 'nope'; known: code, json_rules, math"),
+        "verifier": ([row(MATH, 0, verifier="nope")],
+                     "unknown verifier 'nope'; known: code, format, json_rules, judge, math"),
         "id": ([row(MATH, 0), row(MATH, 0)], "duplicate id 'm1-0' (first at row 1)"),
         "prompt": ([b'{"id": "a", "domain": "math", "prompt": "\xfe", "verifier": "math", "answer": "1"}'],
                    "not valid UTF-8 (byte 0xfe"),

@@ -97,7 +97,7 @@ def test_humaneval_style(tmp_path) -> None:
     path = write_jsonl(tmp_path / "he.jsonl", HUMANEVAL)
     (t,) = load(SourceSpec(str(path), adapter="humaneval"), tmp_path).tasks
     assert t.id == "HumanEval/0" and t.metadata["program_prefix"] == HUMANEVAL[0]["prompt"]
-    assert t.tests == [{"call": "add(2, 3)", "expected": 5}, {"call": "add(-1, 1)", "expected": 0}]
+    assert t.tests == {"program": HUMANEVAL[0]["test"], "entry_point": "add", "setup": HUMANEVAL[0]["prompt"]}
 
 
 @needs_sandbox
@@ -148,3 +148,20 @@ def test_missing_file_and_hub_failure_are_file_level_errors(tmp_path) -> None:
 def test_spec_rejects_unknown_adapter() -> None:
     with pytest.raises(ValueError, match="adapter 'csv' is not one of"):
         SourceSpec("x.jsonl", adapter="csv")
+
+
+@needs_sandbox
+def test_mbpp_rows_whose_asserts_need_code_become_test_programs(tmp_path) -> None:
+    """Loops, helpers and `!=` cannot move to the host: such rows (and their challenge tests) load as a whole
+    test program with test_setup_code as its setup, and the reference passes it."""
+    from training.rewards import score_tasks
+
+    row = {"task_id": 9, "text": "Write a function to square every item.",
+           "code": "def squares(xs):\n    return [x * x for x in xs]",
+           "test_setup_code": "DATA = [1, 2, 3]",
+           "test_list": ["assert squares(DATA) == [1, 4, 9]", "assert squares([]) != None"],
+           "challenge_test_list": ["for n in range(5):\n    assert squares([n]) == [n * n]"]}
+    (t,) = load(SourceSpec(str(write_jsonl(tmp_path / "mbpp.jsonl", [row])), adapter="mbpp"), tmp_path).tasks
+    assert t.tests == {"program": "\n".join(row["test_list"] + row["challenge_test_list"]),
+                       "setup": "DATA = [1, 2, 3]"}
+    assert score_tasks([t, t], [t.reference, "def squares(xs):\n    return xs"]) == [1.0, 0.0]

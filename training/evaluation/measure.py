@@ -2,10 +2,11 @@
 
 - pass@1 (greedy) and unbiased pass@k from `n_samples` samples (Chen et al. 2021);
 - success by difficulty (the long tail: where the model stops being reliable);
-- format-following rate: the completion has the shape the verifier needs (a number / valid JSON / code that
-  parses), passing or not;
-- self-repair for code: a failed program is shown with its sandbox error and the model retries, up to
-  `repair_turns` times; success within R turns;
+- pass@1 twice: lenient (the answer wherever the completion states it) and strict (only in the format the
+  task requires, e.g. the last \\boxed{}); format-following rate: the completion has the shape the verifier needs
+  (an answer in the required place / valid JSON / code that parses), passing or not;
+- self-repair where the verifier can explain a failure (`Verifier.repairable`: code, with its sandbox error):
+  the failed completion is shown with the explanation and the model retries, up to `repair_turns` times;
 - long-context consistency: the same tasks with distractor text (other tasks) in front; pass@1 there and the
   share of greedy passes kept;
 - failure modes: each greedy failure is "capability" (no sample passed: pass@k low) or "instability" (some
@@ -18,7 +19,6 @@ does not fit the model's context with its completion budget is dropped and count
 
 from __future__ import annotations
 
-import ast
 import random
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
@@ -33,26 +33,9 @@ if TYPE_CHECKING:
 
 def format_ok(task: Task, completion: str) -> bool:
     """Does the completion have the shape the task's verifier can judge (right or wrong)?"""
-    if task.verifier == "math":
-        from training.rewards.math import extract_answer, parse_number
+    from training.rewards import get_verifier
 
-        return parse_number(extract_answer(completion)) is not None
-    if task.verifier == "json_rules":
-        from training.rewards.rules import extract_json
-
-        try:
-            return isinstance(extract_json(completion), (dict, list))
-        except (ValueError, TypeError):
-            return False
-    if task.verifier == "code":
-        from training.rewards.code import assemble_program
-
-        try:
-            ast.parse(assemble_program(completion, task.metadata))
-            return bool(completion.strip())
-        except SyntaxError:
-            return False
-    return bool(completion.strip())
+    return get_verifier(task.verifier).format_ok(task, completion)
 
 
 # ----- the measurements ---------------------------------------------------------------------------------------
@@ -76,13 +59,13 @@ def repair_reply(error: str) -> str:
 
 def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: list[bool],
                 cfg: EvalConfig, fmt: PromptFormat, max_prompt: int | None = None) -> tuple[dict[int, int], int]:
-    """({task index: turn it first passed at} for code tasks that failed greedily and were repaired, number of
-    repair prompts dropped for not fitting `max_prompt` tokens). Each turn continues the conversation: the
-    model's program, then the sandbox's error as the next user turn."""
-    from sandbox import run_batch
-    from training.rewards.code import code_job
+    """({task index: turn it first passed at} for tasks that failed greedily and were repaired, number of repair
+    prompts dropped for not fitting `max_prompt` tokens). Only tasks whose verifier can explain a failure
+    usefully (`Verifier.repairable`, e.g. code with its sandbox error) are retried. Each turn continues the
+    conversation: the model's answer, then the verifier's explanation as the next user turn."""
+    from training.rewards import get_verifier, verify_tasks
 
-    current = {i: completions[i] for i, t in enumerate(tasks) if t.verifier == "code" and not passed[i]}
+    current = {i: completions[i] for i, t in enumerate(tasks) if get_verifier(t.verifier).repairable and not passed[i]}
     history: dict[int, list[tuple[str, str]]] = {i: [] for i in current}
     repaired: dict[int, int] = {}
     dropped = 0
@@ -90,11 +73,10 @@ def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: 
         if not current:
             break
         idx = sorted(current)
-        jobs = {i: code_job(current[i], tasks[i].tests, tasks[i].metadata, tasks[i].id) for i in idx}
-        runnable = [i for i in idx if jobs[i] is not None]
-        errors = dict.fromkeys(idx, "no code to run")  # an empty completion (or no usable tests)
-        errors.update({i: v.detail or v.stderr or v.status.value
-                       for i, v in zip(runnable, run_batch([jobs[i] for i in runnable]))})
+        errors: dict[int, str] = {}
+        for name in sorted({tasks[i].verifier for i in idx}):
+            mine = [i for i in idx if tasks[i].verifier == name]
+            errors.update(zip(mine, get_verifier(name).explain([tasks[i] for i in mine], [current[i] for i in mine])))
         prompts = {}
         for i in idx:
             history[i].append((current[i], repair_reply(errors[i])))
@@ -109,11 +91,8 @@ def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: 
             break
         retry = [o[0].text for o in engine.generate([prompts[i] for i in idx], 1, cfg.max_new_tokens,
                                                      temperature=0.0, seed=cfg.seed + turn)]
-        from training.rewards import score_tasks
-
-        scores = score_tasks([tasks[i] for i in idx], retry)
-        for i, text, score in zip(idx, retry, scores):
-            if score > 0:
+        for i, text, ok in zip(idx, retry, verify_tasks([tasks[i] for i in idx], retry)):
+            if ok:
                 repaired[i] = turn
                 del current[i]
             else:
@@ -154,7 +133,7 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
     (counted in "dropped_over_length"), and distractor text is sized so prompt + completion fit.
     fmt: how prompts are rendered (default: the tokenizer's chat template and its saved chat settings).
     """
-    from training.rewards import score_tasks
+    from training.rewards import get_verifier, verify_tasks
 
     fmt = fmt or PromptFormat(tokenizer, getattr(tokenizer, "chat_settings", None),
                               getattr(getattr(engine, "model", None), "generation_config", None))
@@ -165,12 +144,13 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
     tasks = [t for t, ok in zip(tasks, fits) if ok]
     prompts = [p for p, ok in zip(all_prompts, fits) if ok]
     greedy = _greedy(engine, prompts, cfg)
-    passed = [s > 0 for s in score_tasks(tasks, greedy)]
+    passed = verify_tasks(tasks, greedy)  # lenient: the answer wherever the completion states it
+    passed_strict = verify_tasks(tasks, greedy, strict=True)  # only in the format the task requires
     sampled = engine.generate(prompts, cfg.n_samples, cfg.max_new_tokens, temperature=cfg.temperature,
                               seed=cfg.seed)
     flat_tasks = [t for t in tasks for _ in range(cfg.n_samples)]
-    flat = score_tasks(flat_tasks, [c.text for group in sampled for c in group])
-    correct = [sum(1 for s in flat[i * cfg.n_samples:(i + 1) * cfg.n_samples] if s > 0) for i in range(len(tasks))]
+    flat = verify_tasks(flat_tasks, [c.text for group in sampled for c in group])
+    correct = [sum(flat[i * cfg.n_samples:(i + 1) * cfg.n_samples]) for i in range(len(tasks))]
     repaired, repair_dropped = (self_repair(engine, tasks, greedy, passed, cfg, fmt, max_prompt)
                                 if cfg.repair_turns > 0 else ({}, 0))
 
@@ -185,7 +165,7 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
         long_prompts.append(fmt.prompt_ids(tasks[i], prefix=_distractor(tasks, rng, tokenizer, budget)))
     long_out = [o[0].text for o in engine.generate(long_prompts, 1, cfg.max_new_tokens, temperature=0.0,
                                                     seed=cfg.seed)]
-    long_pass = dict(zip(long_idx, (s > 0 for s in score_tasks([tasks[i] for i in long_idx], long_out))))
+    long_pass = dict(zip(long_idx, verify_tasks([tasks[i] for i in long_idx], long_out)))
 
     report: dict[str, Any] = {}
     for domain, idx in domains.items():
@@ -196,12 +176,14 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
             d["total"] += 1
             d["passed"] += int(passed[i])
         failures = [i for i in idx if not passed[i]]
-        code = tasks[idx[0]].verifier == "code"
+        repairable = get_verifier(tasks[idx[0]].verifier).repairable
         lc = [i for i in idx if i in long_pass]
         kept = [i for i in lc if passed[i]]
         report[domain] = {
             "pass1": {"passed": sum(passed[i] for i in idx), "total": len(idx)},
             "dropped_over_length": dropped.get(domain, 0),
+            # format rising while accuracy falls is the classic early-RL failure: both, side by side
+            "pass1_strict": {"passed": sum(passed_strict[i] for i in idx), "total": len(idx)},
             "pass_at_k": {str(k): mean_pass_at_k([(cfg.n_samples, correct[i]) for i in idx], k) for k in ks},
             "by_difficulty": dict(sorted(by_diff.items())),
             "format_rate": sum(format_ok(tasks[i], greedy[i]) for i in idx) / len(idx),
@@ -220,7 +202,7 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
                 "pass_within_turns": (sum(passed[i] for i in idx) + len([i for i in idx if i in repaired]))
                 / len(idx),
                 "repair_prompts_dropped_over_length": repair_dropped,
-            }} if code else {}),
+            }} if repairable else {}),
         }
     samples = [{"id": tasks[i].id, "domain": tasks[i].domain,
                 "prompt": tokenizer.decode(prompts[i], skip_special_tokens=False),

@@ -24,14 +24,17 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
     cand = models["candidate"]["domains"]
     lines += ["", "## Candidate in detail", "",
-              "| domain | pass@k | format | capability / instability failures | long-context pass (consistency) |",
-              "|---|---|---|---|---|"]
+              "| domain | pass@1 strict / lenient | pass@k | format | capability / instability failures "
+              "| long-context pass (consistency) |",
+              "|---|---|---|---|---|---|"]
     for d in domains:
         r = cand[d]
         pk = ", ".join(f"@{k} {v:.2f}" for k, v in r["pass_at_k"].items())
         lc = r["long_context"]
         cons = "n/a" if lc["consistency"] is None else f"{lc['consistency']:.0%}"
-        lines.append(f"| {d} | {pk} | {r['format_rate']:.0%} | {r['failure_modes']['capability']} / "
+        strict, lenient = r.get("pass1_strict", r["pass1"]), r["pass1"]
+        both = f"{strict['passed']}/{strict['total']} / {lenient['passed']}/{lenient['total']}"
+        lines.append(f"| {d} | {both} | {pk} | {r['format_rate']:.0%} | {r['failure_modes']['capability']} / "
                      f"{r['failure_modes']['instability']} | {lc['passed']}/{lc['total']} ({cons}) |")
     for d in domains:
         if "self_repair" in cand[d]:

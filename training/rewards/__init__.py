@@ -1,91 +1,132 @@
-"""Rewards: verifiers by name, and `score_tasks` for evaluation.
+"""Rewards: verifiers by name (one `Verifier` interface, training/rewards/base.py), weighted combinations of
+them, and `score_tasks` for training and evaluation.
 
-A reward function is a plain callable, in the shape TRL's reward functions take
+    VERIFIERS["math"]        training/rewards/math.py    final answers: exact numbers, then math-verify (symbolic)
+    VERIFIERS["code"]        training/rewards/code.py    unit tests or a whole test program, run in sandbox/
+    VERIFIERS["json_rules"]  training/rewards/rules.py   JSON output: jsonschema + expected values + rules
+    VERIFIERS["judge"]       training/rewards/judge.py   a judge model (local transformers or an OpenAI-compatible
+                                                         endpoint) scores the completion against a rubric
+    VERIFIERS["format"]      training/rewards/format.py  the completion has the shape its task's verifier needs
 
-    fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]
+Each is also a TRL-shaped reward function in `REWARDS` (`fn(prompts, completions, **columns)`: 1.0 pass,
+0.0 fail, None for a row it does not apply to).
 
-where `columns` are the task-set columns of the same rows (`verifier`, `answer`, `tests`, `metadata`, `id`;
-`tests`/`metadata` may be Python objects or their JSON text, as stored in parquet). A function returns 1.0 for a
-verified pass, 0.0 for a fail, and None for a row it does not apply to (a row whose `verifier` names another
-function); `score_tasks` counts None as a fail.
-
-    REWARDS["math"]        training/rewards/math.py   final-answer check (numbers, fractions, "answer is X")
-    REWARDS["code"]        training/rewards/code.py   unit tests run in sandbox/ (one `run_batch` per call)
-    REWARDS["json_rules"]  training/rewards/rules.py  JSON output: jsonschema + expected values + rules
-
-`score_tasks(tasks, completions)` dispatches every task to its verifier (all code tasks of the call in one
-sandbox batch) and gives 1.0 only for a verified pass, else 0.0.
+Weighted rewards: a task names several verifiers with weights in `metadata["reward_weights"]`, e.g.
+`{"math": 0.9, "format": 0.1}` (build-taskset's `reward_weights` stamps it on every task of a domain). Its reward
+is the weighted mean of the components that apply (None: not applicable, its weight left out); without weights
+the task's own `verifier` is the whole reward. `score_tasks` returns those rewards as a `Scores` list carrying
+each component (`.components`, logged per step by the RL stage) and whether the task's own verifier passed
+(`.passed`, what evaluation counts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-RewardFn = Callable[..., list[float | None]]
+from training.rewards.base import (
+    REWARDS,
+    VERIFIERS,
+    FunctionVerifier,
+    RewardFn,
+    UnknownVerifier,
+    Verifier,
+    get_reward,
+    get_verifier,
+    register_reward,
+    register_verifier,
+    reward_fn,
+    task_columns,
+)
 
-REWARDS: dict[str, RewardFn] = {}
-
-
-class UnknownVerifier(KeyError):
-    def __str__(self) -> str:  # KeyError's str() would quote the whole message
-        return str(self.args[0])
-
-
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Register `fn` under `name`. A second, different function under the same name is an error."""
-
-    def deco(fn: RewardFn) -> RewardFn:
-        old = REWARDS.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"reward {name!r} is already registered to {old.__module__}.{old.__qualname__}; "
-                             f"refusing to replace it with {fn.__module__}.{fn.__qualname__}")
-        REWARDS[name] = fn
-        return fn
-
-    return deco
+__all__ = ["REWARDS", "VERIFIERS", "FunctionVerifier", "RewardFn", "Scores", "UnknownVerifier", "Verifier",
+           "get_reward", "get_verifier", "register_reward", "register_verifier", "reward_fn", "reward_weights",
+           "score_tasks", "task_columns", "verify_tasks"]
 
 
-def get_reward(name: str) -> RewardFn:
-    try:
-        return REWARDS[name]
-    except KeyError:
-        raise UnknownVerifier(f"unknown verifier {name!r}; known verifiers: {', '.join(sorted(REWARDS))}") from None
+class Scores(list):
+    """The reward per task (a list of floats), plus `components` ({verifier: [score | None per task]}) and
+    `passed` (did the task's own verifier pass)."""
+
+    def __init__(self, values: Sequence[float], components: dict[str, list[float | None]], passed: list[bool]):
+        super().__init__(values)
+        self.components = components
+        self.passed = passed
 
 
-def task_columns(tasks: Sequence[Any]) -> dict[str, list[Any]]:
-    """The `**columns` a reward function receives, built from Task records."""
-    return {
-        "id": [t.id for t in tasks],
-        "verifier": [t.verifier for t in tasks],
-        "answer": [t.answer for t in tasks],
-        "tests": [t.tests for t in tasks],
-        "metadata": [t.metadata for t in tasks],
-    }
+def reward_weights(task: Any) -> dict[str, float]:
+    """{verifier: weight} for one task: metadata["reward_weights"], else its own verifier alone."""
+    meta = task.metadata if isinstance(task.metadata, dict) else {}
+    weights = meta.get("reward_weights")
+    if isinstance(weights, dict) and weights:
+        return {str(k): float(v) for k, v in weights.items()}
+    return {task.verifier: 1.0}
 
 
-def score_tasks(tasks: Sequence[Any], completions: Sequence[str], **options: Any) -> list[float]:
-    """1.0 where the completion passes its task's verifier, else 0.0 (order kept).
+def weighted(values: dict[str, float | None], weights: dict[str, float]) -> float:
+    """The weighted mean of the components that apply; 0.0 when none does."""
+    num = den = 0.0
+    for name, w in weights.items():
+        v = values.get(name)
+        if v is not None and w > 0:
+            num += w * float(v)
+            den += w
+    return num / den if den else 0.0
 
-    Tasks are grouped by verifier and each group is scored in one call, so all code tasks go to the sandbox
-    as one batch. `options` (e.g. `concurrency=4`, `limits=Limits(...)`) are passed to every verifier; the
-    ones a verifier does not know are ignored by it.
+
+def score_tasks(tasks: Sequence[Any], completions: Sequence[str], **options: Any) -> Scores:
+    """The reward of each completion (order kept): its task's verifier, or its weighted verifiers.
+
+    Each verifier is called once for all the rows that name it, so all code tasks go to the sandbox as one
+    batch. `options` (e.g. `concurrency=4`, `limits=Limits(...)`) are passed to every verifier; the ones a
+    verifier does not know are ignored by it. A verifier's None counts as not applicable in a weighted reward
+    and as 0.0 alone.
     """
     if len(tasks) != len(completions):
         raise ValueError(f"score_tasks: {len(tasks)} tasks but {len(completions)} completions")
+    weights = [reward_weights(t) for t in tasks]
+    groups: dict[str, list[int]] = {}
+    for i, (task, w) in enumerate(zip(tasks, weights)):
+        for name in dict.fromkeys([task.verifier, *w]):
+            groups.setdefault(name, []).append(i)
+    verifiers = {name: get_verifier(name) for name in groups}  # fail before any work when one is unknown
+    components: dict[str, list[float | None]] = {name: [None] * len(tasks) for name in groups}
+    for name, idx in groups.items():
+        out = verifiers[name].score([tasks[i] for i in idx], [completions[i] for i in idx], **options)
+        for i, value in zip(idx, out):
+            components[name][i] = None if value is None else float(value)
+    values = []
+    passed = []
+    for i, (task, w) in enumerate(zip(tasks, weights)):
+        own = components[task.verifier][i]
+        passed.append(verifiers[task.verifier].passes(own))
+        if len(w) == 1 and task.verifier in w:
+            values.append(own if own is not None else 0.0)
+        else:
+            values.append(weighted({name: components[name][i] for name in w}, w))
+    return Scores(values, components, passed)
+
+
+def verify_tasks(tasks: Sequence[Any], completions: Sequence[str], strict: bool = False,
+                 **options: Any) -> list[bool]:
+    """Did each completion pass its task's own verifier (lenient, or `strict`: in the required format)?"""
+    if len(tasks) != len(completions):
+        raise ValueError(f"verify_tasks: {len(tasks)} tasks but {len(completions)} completions")
     groups: dict[str, list[int]] = {}
     for i, task in enumerate(tasks):
         groups.setdefault(task.verifier, []).append(i)
-    for name in groups:
-        get_reward(name)  # fail before any work when a verifier is unknown
-    scores = [0.0] * len(tasks)
+    verifiers = {name: get_verifier(name) for name in groups}
+    out = [False] * len(tasks)
     for name, idx in groups.items():
-        sub = [tasks[i] for i in idx]
-        out = get_reward(name)([t.prompt for t in sub], [completions[i] for i in idx], **task_columns(sub), **options)
-        for i, value in zip(idx, out):
-            scores[i] = 1.0 if value == 1.0 else 0.0
-    return scores
+        v = verifiers[name]
+        fn = v.strict if strict else v.score
+        for i, value in zip(idx, fn([tasks[i] for i in idx], [completions[i] for i in idx], **options)):
+            out[i] = v.passes(value)
+    return out
 
 
 # Registration happens on import of the verifier modules.
-from training.rewards import code as _code, math as _math, rules as _rules  # noqa: E402,F401,I001
+import importlib  # noqa: E402
+
+for _verifier_module in ("code", "format", "judge", "math", "rules"):
+    importlib.import_module(f"training.rewards.{_verifier_module}")

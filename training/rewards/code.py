@@ -10,6 +10,13 @@ tasks put the signature and docstring in `program_prefix` (the completion contin
 `test_setup_code` there. Each test is a `sandbox.TestCase(call, expected)`: the call is evaluated after the
 program ran and its value compared on the host. The reward is 1.0 only when the sandbox reports
 `Status.PASSED` (every test passed); a timeout, crash, wrong value, malformed test or empty completion is 0.0.
+
+`tests` is either that list of {call, expected} pairs, or one whole test program (HumanEval, MBPP):
+
+    {"program": "def check(candidate): ...", "entry_point": "add", "setup": "<prompt>"}
+
+which the sandbox runs as a `sandbox.TestProgram` (the test in its own process, calling the candidate's
+functions in another over plain values; see sandbox/README.md).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from training.rewards import register_reward
+from training.rewards.base import REWARDS, Verifier, register_verifier
 
 _FENCE_RE = re.compile(r"```[ \t]*[\w+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -58,6 +65,75 @@ def parses(program: str) -> bool:
     return True
 
 
+_TEST_KEYS = {"call", "expected", "rel_tol", "abs_tol"}
+_PROGRAM_KEYS = {"program", "entry_point", "setup"}
+
+
+def test_program(tests: Any) -> Any:
+    """The sandbox.TestProgram a `{"program": ...}` tests object describes (raises ValueError when malformed)."""
+    from sandbox import TestProgram
+
+    unknown = set(tests) - _PROGRAM_KEYS
+    if unknown:
+        raise ValueError(f"unknown key(s) {sorted(unknown)}; allowed: program, entry_point, setup")
+    if not isinstance(tests.get("program"), str):
+        raise ValueError("'program' must be the test program's source text")
+    return TestProgram(tests["program"], tests.get("entry_point"), tests.get("setup") or "")
+
+
+def _type_name(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def tests_problem(tests: Any) -> str | None:
+    """What is wrong with a code task's tests (None when they are usable)."""
+    if isinstance(tests, dict):
+        try:
+            test_program(tests)
+        except ValueError as exc:
+            return f"test program: {exc}"
+        return None
+    if not tests:
+        return "a code task needs at least one test ({\"call\": ..., \"expected\": ...}) or a test program"
+    if not isinstance(tests, list):
+        return f"expected a list of {{call, expected}} objects or a {{program, ...}} object, got {_type_name(tests)}"
+    for i, t in enumerate(tests):
+        if not isinstance(t, dict):
+            return f"tests[{i}]: expected an object, got {_type_name(t)}"
+        unknown = set(t) - _TEST_KEYS
+        if unknown:
+            return f"tests[{i}]: unknown key(s) {sorted(unknown)}; allowed: call, expected, rel_tol, abs_tol"
+        if "call" not in t or "expected" not in t:
+            return f"tests[{i}]: missing {'call' if 'call' not in t else 'expected'!r}"
+        call = t["call"]
+        if not isinstance(call, str) or not call.strip():
+            return f"tests[{i}].call: expected a non-empty expression string, got {_show(call)}"
+        if not _is_expression(call):
+            return f"tests[{i}].call: {_show(call)} is not a Python expression"
+    return None
+
+
+_COMPILED: dict[str, bool] = {}
+
+
+def _is_expression(call: str) -> bool:
+    ok = _COMPILED.get(call)
+    if ok is None:
+        try:
+            compile(call, "<call>", "eval")
+            ok = True
+        except (SyntaxError, ValueError):
+            ok = False
+        if len(_COMPILED) < 200_000:
+            _COMPILED[call] = ok
+    return ok
+
+
 def code_job(completion: str, tests: Any, metadata: Any, job_id: str, limits: Any = None) -> Any:
     """The sandbox Job checking one completion against its task's tests (stored objects or their JSON text).
     None when nothing can be verified: an empty completion, no tests, or malformed tests."""
@@ -66,37 +142,70 @@ def code_job(completion: str, tests: Any, metadata: Any, job_id: str, limits: An
     from sandbox import Job, TestCase
 
     try:
-        cases = [TestCase.from_dict(t, f"tests[{k}]") for k, t in enumerate(_as_obj(tests, []))]
+        tests = _as_obj(tests, [])
         meta = _as_obj(metadata, {})
+        if isinstance(tests, dict):
+            return Job(assemble_program(completion, meta), (), limits, id=job_id, test_program=test_program(tests))
+        cases = [TestCase.from_dict(t, f"tests[{k}]") for k, t in enumerate(tests)]
     except (ValueError, TypeError):
         return None
     return Job(assemble_program(completion, meta), cases, limits, id=job_id) if cases else None
 
 
-@register_reward("code")
-def code_reward(prompts: Sequence[str], completions: Sequence[str], *, tests: Sequence[Any] | None = None,
-                metadata: Sequence[Any] | None = None, verifier: Sequence[str] | None = None,
-                id: Sequence[str] | None = None, concurrency: int | None = None, limits: Any = None,
-                **_: Any) -> list[float | None]:
-    """1.0 when the assembled program passes all of its tests in the sandbox. All runnable rows of the call
-    go to one `sandbox.run_batch` (a program that does not parse is 0.0 without a run). None for rows of
-    another verifier."""
-    n = len(completions)
-    out: list[float | None] = [None] * n
+def _verdicts(tasks: Sequence[Any], completions: Sequence[str], concurrency: int | None = None,
+              limits: Any = None) -> list[Any]:
+    """The sandbox verdict of every completion (None where nothing ran: empty, unusable tests, no parse). All
+    runnable rows go to one `sandbox.run_batch`."""
+    out: list[Any] = [None] * len(completions)
     jobs, rows = [], []
-    for i in range(n):
-        if verifier is not None and verifier[i] != "code":
-            continue
-        out[i] = 0.0
-        job = code_job(completions[i], tests[i] if tests is not None else None,
-                       metadata[i] if metadata is not None else None, f"{id[i] if id is not None else 'row'}#{i}",
+    for i, (task, completion) in enumerate(zip(tasks, completions)):
+        job = code_job(completion, task.tests, task.metadata, f"{task.id if task.id is not None else 'row'}#{i}",
                        limits)
         if job is not None and parses(job.program):
             jobs.append(job)
             rows.append(i)
     if jobs:
-        from sandbox import Status, run_batch
+        from sandbox import run_batch
 
         for i, verdict in zip(rows, run_batch(jobs, concurrency=concurrency)):  # None: run_batch's default
-            out[i] = 1.0 if verdict.status == Status.PASSED else 0.0
+            out[i] = verdict
     return out
+
+
+class CodeVerifier(Verifier):
+    """Programs against unit tests or a whole test program, in the sandbox; failures explained by its verdict."""
+
+    name = "code"
+    repairable = True
+
+    def score(self, tasks: Sequence[Any], completions: Sequence[str], *, concurrency: int | None = None,
+              limits: Any = None, **_: Any) -> list[float | None]:
+        from sandbox import Status
+
+        return [1.0 if v is not None and v.status == Status.PASSED else 0.0
+                for v in _verdicts(tasks, completions, concurrency, limits)]
+
+    def format_ok(self, task: Any, completion: str) -> bool:
+        return bool(completion.strip()) and parses(assemble_program(completion, _as_obj(task.metadata, {})))
+
+    def row_problems(self, answer: Any, tests: Any, metadata: dict[str, Any]) -> list[tuple[str, str]]:
+        problem = tests_problem(tests)
+        return [("tests", problem)] if problem else []
+
+    def explain(self, tasks: Sequence[Any], completions: Sequence[str], *, concurrency: int | None = None,
+                limits: Any = None, **_: Any) -> list[str]:
+        from sandbox import Status
+
+        out = []
+        for task, completion, v in zip(tasks, completions, _verdicts(tasks, completions, concurrency, limits)):
+            if v is None:
+                out.append("no code to run" if not completion.strip() else
+                           "the program is not valid Python" if not self.format_ok(task, completion) else
+                           "no usable tests")
+            else:
+                out.append("" if v.status == Status.PASSED else v.detail or v.stderr or v.status.value)
+        return out
+
+
+register_verifier(CodeVerifier())
+code_reward = REWARDS["code"]

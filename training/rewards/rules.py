@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from training.rewards import register_reward
+from training.rewards.base import REWARDS, Verifier, register_verifier
 
 _MISSING = object()
 _FENCE_RE = re.compile(r"```[ \t]*\w*[ \t]*\n(.*?)```", re.DOTALL)
@@ -134,22 +134,85 @@ def verify(completion: str, answer: str | None, metadata: dict[str, Any] | None 
     return not rule_problems(obj, meta.get("rules") or [])
 
 
-@register_reward("json_rules")
-def json_rules_reward(prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[Any] | None = None,
-                      metadata: Sequence[Any] | None = None, verifier: Sequence[str] | None = None,
-                      **_: Any) -> list[float | None]:
-    """1.0 when the completion's JSON passes schema, expected value and rules; None for other verifiers."""
-    out: list[float | None] = []
-    for i, completion in enumerate(completions):
-        if verifier is not None and verifier[i] != "json_rules":
-            out.append(None)
-            continue
-        meta = metadata[i] if metadata is not None else {}
-        if isinstance(meta, str):
-            meta = json.loads(meta) if meta.strip() else {}
-        ans = answer[i] if answer is not None else None
-        if ans is None and not (meta or {}).get("schema") and not (meta or {}).get("rules"):
-            out.append(0.0)  # nothing to verify against: no reward
-            continue
-        out.append(1.0 if verify(completion, ans, meta) else 0.0)
-    return out
+def _as_dict(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else {}
+    return dict(value or {})
+
+
+_SCHEMA_OK: dict[str, str | None] = {}
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why `schema` is not a valid JSON schema (None when it is); cached per schema."""
+    key = json.dumps(schema, sort_keys=True)
+    if key not in _SCHEMA_OK:
+        try:
+            schema_validator(schema)
+            _SCHEMA_OK[key] = None
+        except Exception as err:  # noqa: BLE001 - jsonschema.SchemaError and friends
+            _SCHEMA_OK[key] = f"metadata.schema is not a valid JSON schema ({getattr(err, 'message', err)})"
+    return _SCHEMA_OK[key]
+
+
+class JsonRulesVerifier(Verifier):
+    """JSON output: schema, expected value, rules."""
+
+    name = "json_rules"
+
+    def score(self, tasks: Sequence[Any], completions: Sequence[str], **_: Any) -> list[float | None]:
+        out: list[float | None] = []
+        for task, completion in zip(tasks, completions):
+            meta = _as_dict(task.metadata)
+            if task.answer is None and not meta.get("schema") and not meta.get("rules"):
+                out.append(0.0)  # nothing to verify against: no reward
+                continue
+            out.append(1.0 if verify(completion, task.answer, meta) else 0.0)
+        return out
+
+    def format_ok(self, task: Any, completion: str) -> bool:
+        try:
+            return isinstance(extract_json(completion), (dict, list))
+        except (ValueError, TypeError):
+            return False
+
+    def row_problems(self, answer: Any, tests: Any, metadata: dict[str, Any]) -> list[tuple[str, str]]:
+        problems: list[tuple[str, str]] = []
+        if answer is None or not str(answer).strip():
+            problems.append(("answer", "a json_rules task needs the expected JSON as its answer"))
+        else:
+            try:
+                expected = json.loads(answer)
+            except ValueError as err:
+                problems.append(("answer", f"not valid JSON ({getattr(err, 'msg', err)})"))
+            else:
+                schema = metadata.get("schema")
+                if isinstance(schema, dict) and schema_problem(schema) is None:
+                    error = next(iter(schema_validator(schema).iter_errors(expected)), None)
+                    if error is not None:
+                        problems.append(("answer", f"does not match metadata.schema: {error.message}"))
+        if "schema" in metadata or "rules" in metadata:
+            rules = metadata.get("rules", [])
+            if "schema" in metadata and not isinstance(metadata["schema"], dict):
+                kind = "null" if metadata["schema"] is None else type(metadata["schema"]).__name__
+                problems.append(("metadata", f"metadata.schema: expected an object, got {kind}"))
+            elif "schema" in metadata and (problem := schema_problem(metadata["schema"])) is not None:
+                problems.append(("metadata", problem))
+            elif not isinstance(rules, list) or not all(isinstance(r, dict) and isinstance(r.get("path"), str)
+                                                        for r in rules):
+                problems.append(("metadata", "metadata.rules: expected a list of {\"path\": ..., \"regex\"|"
+                                             "\"equals\"|\"min\"|\"max\": ...} objects"))
+        return problems
+
+    def explain(self, tasks: Sequence[Any], completions: Sequence[str], **options: Any) -> list[str]:
+        out = []
+        for task, completion, score in zip(tasks, completions, self.score(tasks, completions)):
+            obj = extract_json(completion)
+            problems = rule_problems(obj, _as_dict(task.metadata).get("rules") or []) if obj is not _MISSING else []
+            out.append("" if score == 1.0 else "no JSON value found" if obj is _MISSING
+                       else "; ".join(problems[:3]) or "the JSON value is wrong")
+        return out
+
+
+register_verifier(JsonRulesVerifier())
+json_rules_reward = REWARDS["json_rules"]

@@ -12,16 +12,19 @@ Output under <run>/taskset/ (committed by run_stage, manifest last):
 
 Pipeline (`build`): generate (tiny) -> load sources -> validate every row (bad rows fail the stage with
 file:row: field errors, exit 2, or go to quarantine) -> dedup by normalised prompt -> stratified split ->
-drop train tasks sharing an n-gram with the holdout -> mix train domains. MLflow gets the counts as metrics,
+drop train tasks sharing an n-gram with the holdout (n-grams common across the corpus ignored) -> mix train
+domains. A domain losing more than `max_filter_loss` of its rows to dedup or decontamination, or an empty
+split, fails the stage (exit 2) with the filter and the counts. MLflow gets the counts as metrics,
 report.json, a sample table (`samples.json`) and a bar chart of counts (`counts.png`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from training.config import ConfigBase
@@ -41,7 +44,7 @@ from training.tasksets.validate import (
     validate_tasks,
 )
 
-__all__ = ["TasksetConfig", "SourceSpec", "Build", "build", "body", "cli", "STAGE"]
+__all__ = ["TasksetConfig", "TasksetEmptied", "SourceSpec", "Build", "build", "body", "cli", "STAGE"]
 log = logging.getLogger("posttrain")
 STAGE = "taskset"
 
@@ -66,6 +69,13 @@ class TasksetConfig(ConfigBase):
     sources:          real data, a list of SourceSpec objects ({"path": ..., "adapter": ...}).
     quarantine:       bad source rows are written to quarantine.jsonl and counted instead of failing the stage.
     sample_rows:      tasks per domain in the MLflow sample table.
+    max_filter_loss:  a domain losing more than this share of its rows to one filter (dedup, decontamination)
+                      fails the stage, naming the filter and the counts; so does a split left empty. 1 = never.
+    ngram_common:     decontamination ignores n-grams found in at least this share of all prompts (and in at
+                      least 10): shared instructions and templates are not contamination.
+    reward_weights:   per domain, the verifiers its reward combines and their weights, e.g.
+                      {"math": {"math": 0.9, "format": 0.1}}; stamped on each task as metadata.reward_weights
+                      (a task that already names its own keeps them). Empty: each task's verifier alone.
     """
 
     profile: str = "tiny"
@@ -80,6 +90,9 @@ class TasksetConfig(ConfigBase):
     sources: list[SourceSpec] = field(default_factory=list)
     quarantine: bool = False
     sample_rows: int = 20
+    reward_weights: dict[str, dict[str, float]] = field(default_factory=dict)
+    max_filter_loss: float = 0.75
+    ngram_common: float = 0.01
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -88,6 +101,8 @@ class TasksetConfig(ConfigBase):
             raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction}")
         if self.ngram < 1:
             raise ValueError("ngram must be >= 1")
+        if not 0.0 < self.max_filter_loss <= 1.0 or not 0.0 <= self.ngram_common <= 1.0:
+            raise ValueError("max_filter_loss must be in (0, 1] and ngram_common in [0, 1]")
         if any(r < 0 for r in self.mix.values()):
             raise ValueError("mix ratios must be >= 0")
         if any(not 1 <= d <= 5 for d in self.difficulties) or not self.difficulties:
@@ -98,6 +113,15 @@ class TasksetConfig(ConfigBase):
             raise ValueError("total and counts must be >= 0")
         if self.profile == "tiny":
             self.domain_counts()  # unknown generator domains fail here, as a config error
+        from training.rewards import VERIFIERS
+
+        for domain, weights in self.reward_weights.items():
+            unknown = sorted(set(weights) - set(VERIFIERS))
+            if unknown:
+                raise ValueError(f"reward_weights[{domain!r}]: unknown verifier(s) {unknown}; known: "
+                                 f"{', '.join(sorted(VERIFIERS))}")
+            if any(w < 0 for w in weights.values()) or not any(w > 0 for w in weights.values()):
+                raise ValueError(f"reward_weights[{domain!r}]: weights must be >= 0 and not all 0")
 
     def domain_counts(self) -> dict[str, int]:
         """tiny: how many tasks to generate per domain."""
@@ -119,6 +143,31 @@ class Build:
     holdout: list[Task]
     report: dict[str, Any]
     quarantined: list[tuple[str, RawRow]] = field(default_factory=list)
+
+
+class TasksetEmptied(ValueError):
+    """A filter took (nearly) all of a domain, or a split is empty: the stage fails instead of training on it."""
+
+
+def check_filter_loss(name: str, before: list[Task], after: list[Task], max_loss: float) -> None:
+    """Fail when `name` took more than `max_loss` of some domain's rows."""
+    was, now = Counter(t.domain for t in before), Counter(t.domain for t in after)
+    for domain in sorted(was):
+        lost = was[domain] - now[domain]
+        if lost and lost / was[domain] > max_loss:
+            raise TasksetEmptied(
+                f"{name} dropped {lost} of {was[domain]} {domain!r} rows ({lost / was[domain]:.0%}, more than "
+                f"max_filter_loss={max_loss:g}); {now[domain]} left. Check the source for duplicated or templated "
+                "prompts, or raise max_filter_loss if this is expected.")
+
+
+def check_not_empty(train: list[Task], holdout: list[Task], holdout_fraction: float, steps: dict[str, int]) -> None:
+    trail = ", ".join(f"{k}: {v}" for k, v in steps.items())
+    if not train:
+        raise TasksetEmptied(f"the train split is empty ({trail}, after mixing: 0)")
+    if holdout_fraction > 0 and not holdout:
+        raise TasksetEmptied(f"the holdout split is empty ({trail}; holdout_fraction={holdout_fraction:g} of "
+                             "each domain and difficulty needs groups of at least 2 tasks)")
 
 
 def counts(tasks: list[Task]) -> dict[str, Any]:
@@ -161,16 +210,25 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
             errors.append(RowError(label, None, None, "no task rows"))
     if config.sources:
         timings["load_sources"] = time.perf_counter() - t
+    if config.reward_weights:
+        tasks = [replace(t, metadata={**t.metadata, "reward_weights": dict(config.reward_weights[t.domain])})
+                 if t.domain in config.reward_weights and "reward_weights" not in t.metadata else t for t in tasks]
     file_level = [e for e in errors if e.row is None]
     if errors and (not config.quarantine or file_level):
         raise TasksetValidationError(file_level if config.quarantine else errors)
     t = time.perf_counter()
     unique, dedup_report = dedup(tasks)
+    check_filter_loss("dedup (same normalised prompt)", tasks, unique, config.max_filter_loss)
     timings["dedup"] = time.perf_counter() - t
     t = time.perf_counter()
     train, holdout = stratified_split(unique, config.holdout_fraction, config.seed)
-    train, overlap_report = overlap_filter(train, holdout, config.ngram)
-    train, mix_report = mix_train(train, config.mix, config.seed, config.mix_tolerance)
+    common = max(10, math.ceil(config.ngram_common * len(unique))) if config.ngram_common > 0 else 0
+    clean, overlap_report = overlap_filter(train, holdout, config.ngram, common_min_prompts=common)
+    check_filter_loss(f"decontamination ({config.ngram}-gram overlap with the holdout)", train, clean,
+                      config.max_filter_loss)
+    train, mix_report = mix_train(clean, config.mix, config.seed, config.mix_tolerance)
+    check_not_empty(train, holdout, config.holdout_fraction, {"input": len(tasks), "after dedup": len(unique),
+                                                              "after decontamination": len(clean)})
     timings["split"] = time.perf_counter() - t
     report = {
         "profile": config.profile, "seed": config.seed, "inputs": inputs,
@@ -192,7 +250,7 @@ def _samples(train: list[Task], holdout: list[Task], per_domain: int) -> list[di
                 taken[t.domain] += 1
                 rows.append({"split": split, "id": t.id, "domain": t.domain, "difficulty": t.difficulty,
                              "verifier": t.verifier, "prompt": t.prompt, "reference": t.reference,
-                             "answer": t.answer or "", "tests": len(t.tests)})
+                             "answer": t.answer or "", "tests": len(t.tests) if isinstance(t.tests, list) else 1})
     return rows
 
 
@@ -279,4 +337,4 @@ def cli(argv: list[str], prog: str = "posttrain build-taskset") -> int:
     from training.cli import stage_cli
 
     return stage_cli(argv, prog, "Build the verifiable task set: generate/load, validate, dedup, split.",
-                     TasksetConfig, STAGE, body, user_errors=(TasksetValidationError,))
+                     TasksetConfig, STAGE, body, user_errors=(TasksetValidationError, TasksetEmptied))

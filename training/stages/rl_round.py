@@ -269,12 +269,12 @@ def holdout_pass_at_1(engine: Any, tasks: list[Task], max_new_tokens: int,
                       fmt: PromptFormat | None = None) -> tuple[dict[str, float], list[dict]]:
     """Greedy pass@1 per domain (and "all"), plus the rows (for a samples table). Prompts are rendered with
     `fmt` (the chat template) when given."""
-    from training.rewards import score_tasks
+    from training.rewards import verify_tasks
 
     prompts = [fmt.prompt_ids(t) for t in tasks] if fmt is not None else [t.prompt for t in tasks]
     groups = engine.generate(prompts, n_samples=1, max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
     texts = [g[0].text for g in groups]
-    scores = score_tasks(tasks, texts)
+    scores = [float(ok) for ok in verify_tasks(tasks, texts)]  # pass rates, not (weighted) rewards
     by_domain: dict[str, list[float]] = defaultdict(list)
     for t, s in zip(tasks, scores):
         by_domain[t.domain].append(s)
@@ -395,6 +395,7 @@ class Round:
         domain_rewards: dict[str, list[float]] = defaultdict(list)
         drawn = zero_var = 0
         cut_by_length: list[float] = []
+        components: dict[str, list[float]] = defaultdict(list)  # each weighted-reward component, where it applies
         for draw in range(cfg.max_sampling_batches if cfg.dynamic_sampling else 1):
             rng = random.Random(derive_seed(cfg.seed, self.round, step, draw, "prompts"))
             tasks = pick_prompts(self.pool, counts, self.curriculum if cfg.curriculum else None, rng)
@@ -404,6 +405,8 @@ class Round:
             cut_by_length.append(length_cut_share(groups))
             flat_tasks = [t for t in tasks for _ in range(cfg.samples_per_prompt)]
             scores = score_tasks(flat_tasks, [c.text for g in groups for c in g])
+            for name, values in getattr(scores, "components", {}).items():
+                components[name] += [v for v in values if v is not None]
             rewards = torch.tensor(scores, dtype=torch.float32).view(len(tasks), cfg.samples_per_prompt)  # (B, G)
             drawn += len(tasks)
             self.samples_seen += rewards.numel()
@@ -441,6 +444,7 @@ class Round:
         metrics = {f"reward/{d}": sum(v) / len(v) for d, v in sorted(domain_rewards.items())}
         every = [r for v in domain_rewards.values() for r in v]
         metrics["reward/all"] = sum(every) / max(1, len(every))
+        metrics.update({f"reward_component/{name}": sum(v) / len(v) for name, v in sorted(components.items()) if v})
         metrics.update({f"train/{k}": v for k, v in stats.items()})
         metrics.update({"groups_drawn": float(drawn), "groups_kept": float(len(kept)),
                         "zero_variance_frac": zero_var / max(1, drawn), "lr": lr,

@@ -12,13 +12,16 @@ Digits and operators are kept: "2+3", "3+2", "2*3" and "2.5+1" are four differen
   (tokens: words, numbers and single symbols of the normalised prompt). A prompt shorter than n tokens counts
   as one gram of its full length, so two short prompts overlap only if they are equal after normalisation;
   long templated prompts ("Write f(x) returning x plus 3.") stay under the default n=13 (the GPT-3 paper's
-  decontamination n, Brown et al. 2020, App. C) and are not flagged for sharing their template.
+  decontamination n, Brown et al. 2020, App. C) and are not flagged for sharing their template. N-grams common
+  across the corpus (in at least `common_min_prompts` prompts: shared instructions, question templates) are
+  cut out before comparing, so only rows whose own content overlaps a holdout item are dropped.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,11 +45,24 @@ def tokens(text: str) -> list[str]:
     return _TOKEN_RE.findall(normalize_text(text))
 
 
-def ngrams(text: str, n: int) -> set[str]:
-    toks = tokens(text)
+def _grams(toks: list[str], n: int) -> set[str]:
     if len(toks) <= n:
         return {" ".join(toks)} if toks else set()
     return {" ".join(toks[i:i + n]) for i in range(len(toks) - n + 1)}
+
+
+def ngrams(text: str, n: int, common: set[str] | frozenset[str] = frozenset()) -> set[str]:
+    """Word n-grams of a prompt. With `common`: of what is left once every span covered by a common n-gram is
+    cut out (the row's own content, without the template around it)."""
+    toks = tokens(text)
+    if not common or len(toks) <= n:
+        grams = _grams(toks, n)
+        return grams - common if common else grams
+    covered = [False] * len(toks)
+    for i in range(len(toks) - n + 1):
+        if " ".join(toks[i:i + n]) in common:
+            covered[i:i + n] = [True] * n
+    return _grams([t for t, c in zip(toks, covered) if not c], n)
 
 
 def dedup(tasks: Sequence[Task], max_examples: int = 10) -> tuple[list[Task], dict[str, Any]]:
@@ -75,18 +91,34 @@ def dedup(tasks: Sequence[Task], max_examples: int = 10) -> tuple[list[Task], di
                   "conflicting_answers": conflicts, "near_examples": examples}
 
 
+def common_ngrams(prompts: Sequence[str], n: int, min_prompts: int) -> set[str]:
+    """The word n-grams found in at least `min_prompts` different prompts (shared instructions, templates)."""
+    if min_prompts <= 0:
+        return set()
+    counts: Counter[str] = Counter()
+    for prompt in prompts:
+        counts.update(ngrams(prompt, n))
+    return {gram for gram, k in counts.items() if k >= min_prompts}
+
+
 def overlap_filter(train: Sequence[Task], holdout: Sequence[Task], n: int = 13, drop: bool = True,
-                   max_examples: int = 10) -> tuple[list[Task], dict[str, Any]]:
-    """Train tasks without any word n-gram of a holdout prompt (all of them when drop=False), plus a report."""
+                   max_examples: int = 10, common_min_prompts: int = 0) -> tuple[list[Task], dict[str, Any]]:
+    """Train tasks without any word n-gram of a holdout prompt (all of them when drop=False), plus a report.
+
+    N-grams found in at least `common_min_prompts` prompts of train and holdout together are common: text every
+    task shares (an instruction, a question template) says nothing about one holdout item leaking. The spans
+    they cover are cut out of every prompt before its n-grams are compared, so two rows overlap only where
+    their own content does (a question pasted into another, not a template with other numbers)."""
+    common = common_ngrams([t.prompt for t in (*train, *holdout)], n, common_min_prompts)
     index: dict[str, str] = {}
     for task in holdout:
-        for gram in ngrams(task.prompt, n):
+        for gram in ngrams(task.prompt, n, common):
             index.setdefault(gram, task.id)
     kept: list[Task] = []
     hits = 0
     examples: list[dict[str, str]] = []
     for task in train:
-        hit = next((g for g in ngrams(task.prompt, n) if g in index), None)
+        hit = next((g for g in ngrams(task.prompt, n, common) if g in index), None)
         if hit is None:
             kept.append(task)
             continue
@@ -96,4 +128,5 @@ def overlap_filter(train: Sequence[Task], holdout: Sequence[Task], n: int = 13, 
         if not drop:
             kept.append(task)
     return kept, {"ngram": n, "train_checked": len(train), "holdout_grams": len(index), "contaminated": hits,
-                  "dropped": hits if drop else 0, "examples": examples}
+                  "dropped": hits if drop else 0, "common_ngrams_ignored": len(common),
+                  "common_min_prompts": common_min_prompts, "examples": examples}

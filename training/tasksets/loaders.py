@@ -14,13 +14,17 @@ Adapters map one record to a Task row (validated afterwards like any task file):
 - gsm8k:     {question, answer: "...steps...\\n#### 42"} -> prompt=question, answer="42" (commas removed),
              reference=the worked solution with `<<...>>` calculator notes removed; difficulty from the number
              of steps (lines before ####), clipped to 1..5; verifier "math".
-- mbpp:      {text|prompt, code, test_list, test_setup_code?, task_id?} -> prompt = text plus the first test
-             (MBPP's convention: it shows the function name), tests = sandbox.parse_assert_tests(test_list),
-             metadata.program_prefix = test_setup_code; verifier "code".
+- math:      {problem, solution, level?, type?} (MATH) -> prompt = problem, answer = the last \\boxed{} of the
+             solution, reference = the solution, difficulty from "Level N", metadata.answer_format = "boxed".
+- mbpp:      {text|prompt, code, test_list, challenge_test_list?, test_setup_code?, task_id?} -> prompt = text
+             plus the first test (MBPP's convention: it shows the function name); tests = {call, expected} pairs
+             when every assert (challenge ones too) can move to the host, else the asserts as a test program with
+             test_setup_code as its setup; metadata.program_prefix = test_setup_code; verifier "code".
 - humaneval: {task_id, prompt, canonical_solution, test, entry_point} -> prompt = the signature + docstring,
-             program_prefix = the same prompt (the completion continues the body), tests from `check(candidate)`.
+             program_prefix = the same prompt (the completion continues the body), tests = the whole
+             `check(candidate)` as a test program (setup: the prompt, whose helpers a check may call).
 - mapped:    any record; `fields` maps Task fields to columns. Non-string answers become text (numbers as
-             written, objects/lists as JSON); `tests` given as assert source become TestCases.
+             written, objects/lists as JSON); `tests` given as assert source become TestCases (or a test program).
 """
 
 from __future__ import annotations
@@ -90,6 +94,32 @@ def _tests_from_asserts(source: Any, entry_point: str | None = None) -> list[dic
     return [t.to_dict() for t in parse_assert_tests(str(source), entry_point)]
 
 
+def _tests_or_program(source: Any, setup: str = "") -> list[dict[str, Any]] | dict[str, Any]:
+    """Assert lines as {call, expected} pairs when every one can move to the host (one process per run, the
+    comparison on the host); else the whole source as a test program (loops, helpers, `!=`, setup code)."""
+    from sandbox import TestProgram
+
+    text = "\n".join(str(s) for s in source) if isinstance(source, list) else str(source)
+    try:  # the calls run after the program, whose prefix is the setup: names it defines are there
+        return _tests_from_asserts(text)
+    except ValueError:
+        pass
+    try:
+        TestProgram(text, None, setup)
+    except ValueError as err:
+        raise ValueError(f"tests are not a valid test program: {err}") from None
+    program: dict[str, Any] = {"program": text}
+    if setup.strip():
+        program["setup"] = setup
+    return program
+
+
+def _last_boxed(text: str) -> str | None:
+    from training.rewards.math import _boxed
+
+    return _boxed(text)
+
+
 def _gsm8k(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
     solution = rec.get("answer")
     if not isinstance(solution, str) or "####" not in solution:
@@ -101,16 +131,33 @@ def _gsm8k(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
             "domain": "math", "verifier": "math", "difficulty": min(max(n_steps - 1, 1), 5)}
 
 
+_LEVEL_RE = re.compile(r"(\d+)")
+
+
+def _math(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
+    problem, solution = rec.get("problem"), rec.get("solution")
+    if not isinstance(solution, str) or _last_boxed(solution) is None:
+        raise _FieldError("solution", "expected a MATH solution with its answer in \\boxed{...}")
+    level = _LEVEL_RE.search(str(rec.get("level") or ""))
+    meta: dict[str, Any] = {"answer_format": "boxed"}
+    if rec.get("type"):
+        meta["subject"] = str(rec["type"])
+    return {"prompt": problem, "answer": _last_boxed(solution), "reference": solution, "domain": "math",
+            "verifier": "math", "metadata": meta,
+            "difficulty": min(max(int(level.group(1)), 1), 5) if level else 1}
+
+
 def _mbpp(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
     text = rec.get("text", rec.get("prompt"))
     tests_src = rec.get("test_list")
     if not isinstance(tests_src, list) or not tests_src:
         raise _FieldError("test_list", "expected a non-empty list of assert lines")
+    setup = rec.get("test_setup_code") or ""
+    challenge = rec.get("challenge_test_list") or []
     try:
-        tests = _tests_from_asserts(tests_src)
+        tests = _tests_or_program(list(tests_src) + list(challenge), setup)
     except ValueError as err:
         raise _FieldError("test_list", str(err)) from None
-    setup = rec.get("test_setup_code") or ""
     prompt = f"{text}\nYour code should pass: {tests_src[0]}" if isinstance(text, str) and text.strip() else text
     code = rec.get("code") or ""
     return {"prompt": prompt, "reference": code.replace("\r\n", "\n"), "tests": tests, "domain": "code",
@@ -123,11 +170,15 @@ def _humaneval(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
     entry = rec.get("entry_point")
     if not isinstance(entry, str) or not entry:
         raise _FieldError("entry_point", "missing (required for humaneval)")
-    try:
-        tests = _tests_from_asserts(rec.get("test") or "", entry)
-    except ValueError as err:
-        raise _FieldError("test", str(err)) from None
     prompt = rec.get("prompt")
+    # the whole check(candidate), run as written; the prompt is its setup (helpers a check may call)
+    tests = {"program": rec.get("test") or "", "entry_point": entry,
+             "setup": prompt if isinstance(prompt, str) else ""}
+    from training.rewards.code import tests_problem
+
+    problem = tests_problem(tests)
+    if problem:
+        raise _FieldError("test", problem)
     solution = rec.get("canonical_solution") or ""
     return {"prompt": prompt, "reference": solution, "tests": tests, "domain": "code", "verifier": "code",
             "metadata": {"program_prefix": prompt if isinstance(prompt, str) else "", "entry_point": entry},
@@ -151,7 +202,7 @@ def _mapped(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
             isinstance(out["tests"], str) and out["tests"].lstrip().startswith("assert")
             or isinstance(out["tests"], list) and all(isinstance(t, str) for t in out["tests"])):
         try:
-            out["tests"] = _tests_from_asserts(out["tests"])
+            out["tests"] = _tests_or_program(out["tests"])
         except ValueError as err:
             raise _FieldError(spec.fields.get("tests", "tests"), str(err)) from None
     if "id" in out and not isinstance(out["id"], str) and out["id"] is not None:
@@ -166,10 +217,10 @@ class _FieldError(ValueError):
 
 
 ADAPTERS: dict[str, Callable[[dict[str, Any], SourceSpec], dict[str, Any]]] = {
-    "tasks": lambda rec, spec: dict(rec), "gsm8k": _gsm8k, "mbpp": _mbpp, "humaneval": _humaneval,
+    "tasks": lambda rec, spec: dict(rec), "gsm8k": _gsm8k, "math": _math, "mbpp": _mbpp, "humaneval": _humaneval,
     "mapped": _mapped,
 }
-_DEFAULT_DOMAIN = {"gsm8k": "math", "mbpp": "code", "humaneval": "code"}
+_DEFAULT_DOMAIN = {"gsm8k": "math", "math": "math", "mbpp": "code", "humaneval": "code"}
 
 
 def load_source(spec: SourceSpec, cache_dir: str | None = None) -> Iterator[RawRow]:

@@ -28,7 +28,8 @@ class Task:
     verifier:   name in the reward registry (training/rewards): "math", "code", "json_rules".
     reference:  one correct completion (the SFT target); "" when the source has none (RL-only tasks).
     answer:     math: the final answer; extraction: the expected JSON text; None for code.
-    tests:      code: [{"call": "f(2)", "expected": 4}, ...] run in sandbox/; [] otherwise.
+    tests:      code: [{"call": "f(2)", "expected": 4}, ...] or one test program {"program": ..., "entry_point"?,
+                "setup"?}, run in sandbox/; [] otherwise.
     difficulty: 1 (easiest) .. 5, for curriculum and stratified splits.
     source:     where it came from, e.g. "synthetic:arithmetic@seed=0", "gsm8k:train", "file:tasks.jsonl".
     metadata:   free-form JSON (extraction: {"schema": {...}}; anything a verifier needs).
@@ -40,7 +41,7 @@ class Task:
     verifier: str
     reference: str = ""
     answer: str | None = None
-    tests: list[dict[str, Any]] = field(default_factory=list)
+    tests: list[dict[str, Any]] | dict[str, Any] = field(default_factory=list)
     difficulty: int = 1
     source: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -59,7 +60,7 @@ class Task:
         return cls(
             id=row["id"], domain=row["domain"], prompt=row["prompt"], verifier=row["verifier"],
             reference=row.get("reference") or "", answer=row.get("answer"),
-            tests=json.loads(row["tests"]) if isinstance(row.get("tests"), str) else list(row.get("tests") or []),
+            tests=json.loads(row["tests"]) if isinstance(row.get("tests"), str) else row.get("tests") or [],
             difficulty=int(row.get("difficulty", 1)), source=row.get("source") or "",
             metadata=json.loads(row["metadata"]) if isinstance(row.get("metadata"), str)
             else dict(row.get("metadata") or {}),

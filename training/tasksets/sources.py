@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PROFILES = ("tiny", "data")
-ADAPTERS = ("tasks", "gsm8k", "mbpp", "humaneval", "mapped")
+ADAPTERS = ("tasks", "gsm8k", "math", "mbpp", "humaneval", "mapped")
 
 
 @dataclass(frozen=True)
@@ -14,9 +14,10 @@ class SourceSpec:
 
     path:       a hub id ("openai/gsm8k") or a local file (.jsonl / .json / .parquet; .jsonl is read line by
                 line so every error names its line).
-    adapter:    "tasks" (rows already in the Task shape), "gsm8k" (question / answer with "#### X"),
-                "mbpp" (text or prompt / code / test_list of asserts), "humaneval" (prompt / canonical_solution /
-                test with check(candidate) / entry_point), "mapped" (any JSONL, through `fields`).
+    adapter:    "tasks" (rows already in the Task shape), "gsm8k" (question / answer with "#### X"), "math"
+                (MATH: problem / solution with \\boxed{}), "mbpp" (text or prompt / code / test_list of asserts),
+                "humaneval" (prompt / canonical_solution / test with check(candidate) / entry_point),
+                "mapped" (any JSONL, through `fields`).
     name:       hub config name ("main" for gsm8k); split: hub split ("train", "test").
     limit:      keep the first `limit` rows (0 = all).
     fields:     mapped: Task field -> source column, e.g. {"prompt": "question", "answer": "label"}. Unmapped

@@ -14,10 +14,10 @@ What is checked: the file decodes (UTF-8; for a bad line the field holding the b
 a JSON object; id/domain/prompt/verifier present and strings; prompt not blank; verifier known to the reward
 registry; domain a lower-case name (any, or one of `domains` when given); difficulty an integer 1..5;
 reference/answer/source strings (answer may be null); tests and metadata a list/object or its JSON text; ids
-unique; and per verifier: math needs an answer, code needs a non-empty list of {call, expected} tests whose
-calls are Python expressions, json_rules needs an answer that is JSON text, a valid JSON schema in
-metadata["schema"] when present, and the answer valid under it, and metadata["rules"] (when present) a list of
-{path, ...} objects.
+unique; metadata["reward_weights"] (when present) names known verifiers with non-negative weights; and
+whatever the task's verifier (and each weighted one) requires of its row, as its `Verifier.row_problems` says
+(math: an answer; code: {call, expected} tests whose calls are expressions, or a test program that compiles;
+json_rules: an answer that is JSON text, valid under metadata["schema"], and well-formed metadata["rules"]).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from training.tasksets.schema import COLUMNS, MAX_DIFFICULTY, MIN_DIFFICULTY, Ta
 REQUIRED = ("id", "domain", "prompt", "verifier")
 _DOMAIN_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
 _SURROGATE_RE = re.compile("[\udc80-\udcff]")
-_TEST_KEYS = {"call", "expected", "rel_tol", "abs_tol"}
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
@@ -173,13 +172,14 @@ def _show(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _json_field(value: Any, kind: type, what: str) -> tuple[Any, str | None]:
-    """A list/dict field given natively or as JSON text."""
+def _json_field(value: Any, kind: type | tuple[type, ...], what: str) -> tuple[Any, str | None]:
+    """A list/dict field given natively or as JSON text (None or blank: an empty one of the first kind)."""
+    empty = kind[0]() if isinstance(kind, tuple) else kind()
     if value is None:
-        return kind(), None
+        return empty, None
     if isinstance(value, str):
         if not value.strip():
-            return kind(), None
+            return empty, None
         try:
             value = json.loads(value)
         except ValueError as err:
@@ -189,61 +189,23 @@ def _json_field(value: Any, kind: type, what: str) -> tuple[Any, str | None]:
     return value, None
 
 
-_COMPILED: dict[str, bool] = {}
-
-
-def _is_expression(call: str) -> bool:
-    ok = _COMPILED.get(call)
-    if ok is None:
-        try:
-            compile(call, "<call>", "eval")
-            ok = True
-        except (SyntaxError, ValueError):
-            ok = False
-        if len(_COMPILED) < 200_000:
-            _COMPILED[call] = ok
-    return ok
-
-
-def _tests_problem(tests: list[Any]) -> str | None:
-    if not tests:
-        return "a code task needs at least one test ({\"call\": ..., \"expected\": ...})"
-    for i, t in enumerate(tests):
-        if not isinstance(t, dict):
-            return f"tests[{i}]: expected an object, got {_type_name(t)}"
-        unknown = set(t) - _TEST_KEYS
-        if unknown:
-            return f"tests[{i}]: unknown key(s) {sorted(unknown)}; allowed: call, expected, rel_tol, abs_tol"
-        if "call" not in t or "expected" not in t:
-            return f"tests[{i}]: missing {'call' if 'call' not in t else 'expected'!r}"
-        call = t["call"]
-        if not isinstance(call, str) or not call.strip():
-            return f"tests[{i}].call: expected a non-empty expression string, got {_show(call)}"
-        if not _is_expression(call):
-            return f"tests[{i}].call: {_show(call)} is not a Python expression"
-    return None
-
-
-_SCHEMA_OK: dict[str, str | None] = {}
-
-
-def _schema_problem(schema: Any) -> tuple[str, str | None]:
-    key = json.dumps(schema, sort_keys=True)
-    if key not in _SCHEMA_OK:
-        from training.rewards.rules import schema_validator
-
-        try:
-            schema_validator(schema)
-            _SCHEMA_OK[key] = None
-        except Exception as err:  # noqa: BLE001 - jsonschema.SchemaError and friends
-            _SCHEMA_OK[key] = f"metadata.schema is not a valid JSON schema ({getattr(err, 'message', err)})"
-    return key, _SCHEMA_OK[key]
-
-
 def _known_verifiers() -> set[str]:
-    from training.rewards import REWARDS
+    from training.rewards import VERIFIERS
 
-    return set(REWARDS)
+    return set(VERIFIERS)
+
+
+def _weights_problem(weights: Any, known: set[str]) -> str | None:
+    if not isinstance(weights, dict) or not weights:
+        return "metadata.reward_weights: expected an object {verifier: weight}"
+    for name, w in weights.items():
+        if name not in known:
+            return f"metadata.reward_weights: unknown verifier {_show(name)}; known: {', '.join(sorted(known))}"
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
+            return f"metadata.reward_weights[{name!r}]: expected a non-negative number, got {_show(w)}"
+    if not any(w > 0 for w in weights.values()):
+        return "metadata.reward_weights: every weight is 0"
+    return None
 
 
 class Validator:
@@ -300,37 +262,34 @@ class Validator:
             else:
                 values[name] = v or ""
         answer = data.get("answer")
-        tests, tests_err = _json_field(data.get("tests"), list, "a list of {call, expected} objects")
+        tests, tests_err = _json_field(data.get("tests"), (list, dict), "a list of {call, expected} objects or a "
+                                                                        "{program, ...} object")
         meta, meta_err = _json_field(data.get("metadata"), dict, "an object")
         verifier = values.get("verifier")
-        # answer
-        if answer is not None and not isinstance(answer, str):
+        answer_err = answer is not None and not isinstance(answer, str)
+        if answer_err:
             bad("answer", f"expected a string or null, got {_type_name(answer)} {_show(answer)}")
-        elif verifier == "math" and (answer is None or not answer.strip()):
-            bad("answer", "a math task needs a non-empty answer")
-        elif verifier == "json_rules":
-            if answer is None or not answer.strip():
-                bad("answer", "a json_rules task needs the expected JSON as its answer")
-            else:
-                try:
-                    expected = json.loads(answer)
-                except ValueError as err:
-                    bad("answer", f"not valid JSON ({getattr(err, 'msg', err)})")
-                else:
-                    schema = meta.get("schema") if isinstance(meta, dict) else None
-                    if isinstance(schema, dict):
-                        key, problem = _schema_problem(schema)
-                        if problem is None:
-                            from training.rewards.rules import _validator
-
-                            error = next(iter(_validator(key).iter_errors(expected)), None)
-                            if error is not None:
-                                bad("answer", f"does not match metadata.schema: {error.message}")
-        # tests
         if tests_err:
             bad("tests", tests_err)
-        elif verifier == "code" and (problem := _tests_problem(tests)):
-            bad("tests", problem)
+        if meta_err:
+            bad("metadata", meta_err)
+        # what the task's verifier (and every weighted one) needs of the row: the verifier says, not this file
+        named = [verifier] if verifier else []
+        if not meta_err and isinstance(meta, dict) and "reward_weights" in meta:
+            problem = _weights_problem(meta["reward_weights"], self.verifiers)
+            if problem:
+                bad("metadata", problem)
+            else:
+                named += [n for n in meta["reward_weights"] if n != verifier]
+        from training.rewards import get_verifier
+
+        taken = {e.field for e in errs}
+        for name in named:
+            for field_name, message in get_verifier(name).row_problems(
+                    None if answer_err else answer, None if tests_err else tests, {} if meta_err else meta):
+                if field_name not in taken:
+                    bad(field_name, message)
+                    taken.add(field_name)
         # difficulty
         level = data.get("difficulty", MIN_DIFFICULTY)
         if isinstance(level, float) and level.is_integer():
@@ -341,19 +300,6 @@ class Validator:
             got = f"{_type_name(level)} {_show(level)}" if not isinstance(level, int) or isinstance(level, bool) \
                 else str(level)
             bad("difficulty", f"expected an integer {MIN_DIFFICULTY}..{MAX_DIFFICULTY}, got {got}")
-        # metadata
-        if meta_err:
-            bad("metadata", meta_err)
-        elif verifier == "json_rules" and ("schema" in meta or "rules" in meta):
-            rules = meta.get("rules", [])
-            if "schema" in meta and not isinstance(meta["schema"], dict):
-                bad("metadata", f"metadata.schema: expected an object, got {_type_name(meta['schema'])}")
-            elif "schema" in meta and (problem := _schema_problem(meta["schema"])[1]) is not None:
-                bad("metadata", problem)
-            elif not isinstance(rules, list) or not all(isinstance(r, dict) and isinstance(r.get("path"), str)
-                                                        for r in rules):
-                bad("metadata", "metadata.rules: expected a list of {\"path\": ..., \"regex\"|\"equals\"|"
-                                "\"min\"|\"max\": ...} objects")
         if "id" in values:
             self.seen_ids.setdefault(values["id"], (file, row))
         if errs:
