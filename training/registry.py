@@ -1,7 +1,9 @@
 """The MLflow Model Registry side of promotion: versions point at checkpoint URIs; `champion` is an alias.
 
 A registered version's `source` is the checkpoint folder URI (s3:// or file://), the folder the evaluate stage
-verified through its manifest, so loading the champion is `models.load_model(champion_uri(...))`.
+verified through its manifest, so loading the champion is `models.load_model(champion_uri(...))`. The version
+also names the run that trained it and that run's LoggedModel, so the registry, the runs list and the model
+link to one another.
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ def champion(name: str = DEFAULT_MODEL_NAME, alias: str = CHAMPION) -> Champion 
 
 
 def promote(checkpoint_uri: str, name: str = DEFAULT_MODEL_NAME, run_id: str | None = None,
-            tags: dict[str, str] | None = None, alias: str = CHAMPION) -> Champion:
-    """Register `checkpoint_uri` as a new version of `name` and move `alias` to it.
+            tags: dict[str, str] | None = None, alias: str = CHAMPION, model_id: str | None = None) -> Champion:
+    """Register `checkpoint_uri` as a new version of `name` (from run `run_id` and its LoggedModel `model_id`)
+    and move `alias` to it.
 
-    Idempotent for a retried promote stage: if a version with the same source already exists it is reused.
+    Idempotent for a retried promote stage: if a version with the same source already exists it is reused (and
+    given `tags`).
     """
     from mlflow.exceptions import MlflowException
 
@@ -56,6 +60,9 @@ def promote(checkpoint_uri: str, name: str = DEFAULT_MODEL_NAME, run_id: str | N
         client.create_registered_model(name, description="Promoted by the posttrain pipeline's gate.")
     existing = [mv for mv in client.search_model_versions(f"name = '{name}'") if mv.source == checkpoint_uri]
     mv = existing[0] if existing else client.create_model_version(
-        name, source=checkpoint_uri, run_id=run_id, tags=tags or {})
+        name, source=checkpoint_uri, run_id=run_id, tags=tags or {}, model_id=model_id)
+    if existing:
+        for key, value in (tags or {}).items():
+            client.set_model_version_tag(name, mv.version, key, value)
     client.set_registered_model_alias(name, alias, mv.version)
     return Champion(name, str(mv.version), mv.source, mv.run_id)

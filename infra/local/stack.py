@@ -155,6 +155,8 @@ class Stack:
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{AIRFLOW_USER}:admin",
             "AIRFLOW__API__HOST": self.host,
+            # The "Checkpoint" link opens the stage folder in the storage browser the Airflow plugin serves.
+            "POSTTRAIN_BROWSE_URL": f"{api}/posttrain/browse?uri={{uri}}",
             "AIRFLOW__API__PORT": str(self.ports["airflow"]),
             "AIRFLOW__API__BASE_URL": api,
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
