@@ -327,7 +327,7 @@ class Stack:
         raise StackError(f"{svc.name} did not become healthy at {svc.health_url}; last log lines:\n{tail}")
 
     def _check_buckets(self) -> None:
-        """The S3 server creates its buckets before it listens; this only confirms it (a moto upgrade that moved
+        """The S3 server creates its buckets before it listens; this only confirms it (an S3 server upgrade that moved
         its backends would show here, at `up`, rather than as NoSuchBucket in some stage). It creates nothing."""
         missing = []
         for bucket in BUCKETS:

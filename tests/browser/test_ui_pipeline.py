@@ -102,22 +102,25 @@ def test_trigger_form_defaults_run_succeeds_and_mlflow_shows_metrics(browser, ui
     sft_cell = browser.find(f"//a[@data-testid='grid-{run_id}-sft']//*[@data-testid='task-state-badge']")
     assert sft_cell.is_displayed()
 
-    # The task's "MLflow run" link opens the stage's MLflow run, with its step metrics.
-    browser.driver.get(f"{ui_stack.airflow_url}/dags/{DAG}/runs/{run_id}/tasks/sft")
-    link = browser.find("//a[normalize-space()='MLflow run'] | //button[normalize-space()='MLflow run']")
-    browser.shot("task-with-links")
-    href = link.get_attribute("href")
-    assert href and href.startswith(ui_stack.mlflow_url), href
+    # The task's "MLflow run" link (under Details, Extra Links) opens the stage's MLflow run, with its metrics,
+    # its dataset and its system metrics, in MLflow's model-training view.
+    browser.driver.get(f"{ui_stack.airflow_url}/dags/{DAG}/runs/{run_id}/tasks/sft/details")
+    href = browser.find("//a[normalize-space()='MLflow run']").get_attribute("href")
+    checkpoint = browser.find("//a[normalize-space()='Checkpoint']").get_attribute("href")
+    browser.shot("task-extra-links")
+    assert href.startswith(ui_stack.mlflow_url) and "workflowType=machine_learning" in href, href
     browser.driver.get(href)
-    browser.find("//*[contains(normalize-space(), 'Metrics')]", timeout_s=60)
-    browser.driver.get(href.rstrip("/") + "/model-metrics")
-    browser.wait_for(lambda: "train/loss" in browser.text() or "loss" in browser.text(), 60,
-                     "the MLflow run page shows no training metric")
+    browser.wait_for(lambda: "system/cpu_utilization_percentage" in browser.text(), 60,
+                     "the MLflow run page shows no metrics")
+    page = browser.text()
+    assert "taskset-train" in page and "Training" in page, "the run shows no dataset"
+    browser.shot("mlflow-run")
+    browser.driver.get(href.replace("?", "/model-metrics?"))
+    browser.wait_for(lambda: "grad_norm" in browser.text() and "loss" in browser.text(), 60,
+                     "the MLflow run's model metrics show no training curve")
     browser.shot("mlflow-run-metrics")
 
     # The "Checkpoint" link opens a readable listing of the stage folder, not S3's XML.
-    browser.driver.get(f"{ui_stack.airflow_url}/dags/{DAG}/runs/{run_id}/tasks/sft")
-    checkpoint = browser.find("//a[normalize-space()='Checkpoint']").get_attribute("href")
     browser.driver.get(checkpoint)
     browser.wait_for(lambda: "complete: manifest written" in browser.text(), 30, "no listing page")
     assert "model/" in browser.text() and "<ListBucketResult" not in browser.driver.page_source

@@ -14,7 +14,7 @@ def test_plugin_registers_both_links() -> None:
 
 def test_link_formats() -> None:
     assert MlflowRunLink.format_str.format(ui_url="http://m:5000", experiment_id="3", run_id="ab") == \
-        "http://m:5000/#/experiments/3/runs/ab"
+        "http://m:5000/#/experiments/3/runs/ab?workflowType=machine_learning"
     # Never the S3 endpoint's raw XML: the configured browser (the stack's Airflow plugin, MinIO's console) ...
     stack = {"POSTTRAIN_BROWSE_URL": "http://127.0.0.1:8080/posttrain/browse?uri={uri}",
              "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000"}
