@@ -33,7 +33,7 @@ def airflow_token(airflow_url: str, user: str, password: str) -> str:
 
 def api(airflow_url: str, token: str, path: str) -> Any:
     req = urllib.request.Request(f"{airflow_url}/api/v2/{path}", headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
+    with urllib.request.urlopen(req, timeout=60) as resp:
         return json.load(resp)
 
 
@@ -93,8 +93,8 @@ class Browser:
         while True:
             try:
                 value = probe()
-            except WebDriverException:
-                value = None  # the page re-rendered under us: look again
+            except (WebDriverException, OSError):
+                value = None  # the page re-rendered under us, or a busy API server answered late: look again
             if value:
                 return value
             if time.monotonic() > deadline:

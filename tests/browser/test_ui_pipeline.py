@@ -50,10 +50,11 @@ def _trigger(browser, stack: Stack, token: str, *, rounds: int | None = None,
     browser.shot("form-filled")
     assert trigger.is_enabled(), browser.find("//*[@role='dialog']").text
     trigger.click()
-    run = browser.wait_for(lambda: (newest_run(stack.airflow_url, token, DAG) or (None,))[0] not in
-                           (None, (before or (None,))[0]) and newest_run(stack.airflow_url, token, DAG),
-                           30, "the trigger created no run")
-    return run
+    def created() -> tuple[str, dict] | None:
+        run = newest_run(stack.airflow_url, token, DAG)
+        return run if run is not None and (before is None or run[0] != before[0]) else None
+
+    return browser.wait_for(created, 120, "the trigger created no run", every_s=2)
 
 
 def _wait_for_run_in_grid(browser, stack: Stack, run_id: str, until: tuple[str, ...] = ("Success", "Failed"),

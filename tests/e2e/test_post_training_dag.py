@@ -98,7 +98,7 @@ def test_mlflow_shows_what_a_reviewer_expects(pipeline_run) -> None:
     champ = registry.champion(MODEL_NAME)
     version = client.get_model_version(MODEL_NAME, champ.version)
     assert version.run_id == by_stage["rl_round_2"].info.run_id
-    assert version.model_id == by_stage["rl_round_2"].outputs.model_outputs[0].model_id
+    assert version.tags["posttrain.logged_model_id"] == by_stage["rl_round_2"].outputs.model_outputs[0].model_id
 
 
 def test_killed_stage_was_retried_by_airflow_and_resumed(pipeline_run) -> None:
