@@ -63,9 +63,8 @@ def _wait_for_run_in_grid(browser, stack: Stack, run_id: str, until: tuple[str, 
     browser.driver.get(f"{stack.airflow_url}/dags/{DAG}/runs/{run_id}")
 
     def state() -> str | None:
-        badge = browser.find("//h2/following-sibling::span[@data-testid='state-badge'] | "
-                             "//*[@data-testid='state-badge']", timeout_s=10)
-        return badge.text.strip() if badge.text.strip() in until else None
+        badge = browser._first("//*[@data-testid='state-badge']")  # the run's state, beside its id
+        return badge.text.strip() if badge is not None and badge.text.strip() in until else None
 
     found = browser.wait_for(state, timeout_s, f"run {run_id} never reached {until}", every_s=3,
                              refresh_every_s=15)
@@ -76,14 +75,16 @@ def _wait_for_run_in_grid(browser, stack: Stack, run_id: str, until: tuple[str, 
 def _task_states(browser, stack: Stack, run_id: str) -> dict[str, str]:
     """The run's task list as the UI shows it: task id -> state text."""
     browser.driver.get(f"{stack.airflow_url}/dags/{DAG}/runs/{run_id}")
-    browser.find("//*[@data-testid='state-badge']")
-    rows = browser.wait_for(lambda: browser.driver.find_elements("xpath", "//table//tbody/tr"), 30, "no task rows")
-    out = {}
-    for row in rows:
-        cells = row.find_elements("xpath", "./td")
-        if len(cells) > 3:
-            out[cells[1].text.strip()] = cells[3].text.strip()
-    return out
+
+    def rows() -> dict[str, str]:
+        out = {}
+        for row in browser.driver.find_elements("xpath", "//table//tbody/tr"):
+            cells = row.find_elements("xpath", "./td")
+            if len(cells) > 3 and cells[1].text.strip():
+                out[cells[1].text.strip()] = cells[3].text.strip()
+        return out if "promote" in out and all(out.values()) else {}
+
+    return browser.wait_for(rows, 60, "the run's task list never loaded")
 
 
 def test_trigger_form_defaults_run_succeeds_and_mlflow_shows_metrics(browser, ui_stack, airflow_token) -> None:
