@@ -5,11 +5,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-stamp
+S3RVER := infra/local/s3rver
+S3RVER_STAMP := $(S3RVER)/node_modules/.installed-stamp
 PYTEST_ARGS ?=
 
 .PHONY: install lint test test-fast demo up down status bench gpu-check clean
 
-install: $(STAMP)
+install: $(STAMP) $(S3RVER_STAMP)
 
 # torch first, pinned: the CPU build lies on disk; an open `torch` requirement would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml requirements/constraints.txt
@@ -17,6 +19,11 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c requirements/constraints.txt -e '.[airflow,dev]'
 	$(PIP) check
+	@touch $@
+
+# The embedded S3 server (s3rver, file-backed) from the npm registry, exactly as the lockfile pins it.
+$(S3RVER_STAMP): $(S3RVER)/package.json $(S3RVER)/package-lock.json
+	npm ci --prefix $(S3RVER) --no-audit --no-fund --loglevel=error
 	@touch $@
 
 # The linter and the type checker run first: a red lint fails `make test` like a failing test.

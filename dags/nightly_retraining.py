@@ -13,14 +13,13 @@ from airflow.timetables.trigger import CronTriggerTimetable
 
 from operators.pipeline import (
     DAG_DEFAULTS,
+    MACROS,
     MODEL_NAME,
     PARAMS,
     TASKSET_ASSET,
     TASKSETS_ROOT,
     rounds_through_promotion,
-    run_slug,
     spec,
-    stage_config,
 )
 from operators.stage_operator import PosttrainStageOperator
 
@@ -35,7 +34,7 @@ with DAG(
     schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"),
                                  assets=TASKSET_ASSET),  # type: ignore[arg-type]
     params=NIGHTLY_PARAMS,
-    user_defined_macros={"run_slug": run_slug, "stage_config": stage_config},
+    user_defined_macros=MACROS,
     max_active_runs=1,
     **DAG_DEFAULTS,
 ) as dag:

@@ -1,6 +1,7 @@
 """post_training: task set -> SFT -> RL rounds -> evaluate -> gate -> promote (or report the block).
 
-Trigger it from the UI with the form (base model, profile, domain mix, rounds, k, learning rate, KL coefficient).
+Trigger it from the UI with the form (operators/form.py: data, SFT, RL, evaluation and gate, advanced); with
+"Require human approval" a person approves the promotion under Required Actions.
 Every task runs one `posttrain <stage>` under the same run URI; a retry resumes the stage from its checkpoints.
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, chain
 
-from operators.pipeline import DAG_DEFAULTS, PARAMS, rounds_through_promotion, run_slug, spec, stage_config
+from operators.pipeline import DAG_DEFAULTS, MACROS, PARAMS, rounds_through_promotion, spec
 from operators.stage_operator import PosttrainStageOperator
 
 RUN_URI = "{{ params.run_root }}/{{ run_slug(run_id) }}"
@@ -18,7 +19,7 @@ with DAG(
     description="Post-train a base model: verifiable tasks, SFT, GRPO rounds, evaluation, regression gate",
     schedule=None,
     params=PARAMS,
-    user_defined_macros={"run_slug": run_slug, "stage_config": stage_config},
+    user_defined_macros=MACROS,
     max_active_runs=1,
     **DAG_DEFAULTS,
 ) as dag:

@@ -1,4 +1,5 @@
-"""What the DAG files share: the trigger form, stage configs built from it, run URIs, the gate branch.
+"""What the DAG files share: stage configs built from the trigger form (operators/form.py), run URIs, the gate
+branch, the approval before promotion and the end of the MLflow parent run.
 
 Kept here, not in dags/, so DAG files stay pure wiring and this logic is unit-testable.
 """
@@ -11,12 +12,13 @@ import re
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.sdk import Asset, BaseBranchOperator, Param
+from airflow.sdk import Asset, BaseBranchOperator
 
+from operators.form import DEFAULT_RUN_ROOT, MAX_ROUNDS, PARAMS
 from operators.spec import StageSpec
 from training.profiles import preset
 
-MAX_ROUNDS = int(os.environ.get("POSTTRAIN_MAX_ROUNDS", "4"))
+__all__ = ["DEFAULT_RUN_ROOT", "MAX_ROUNDS", "PARAMS"]  # the form lives in operators/form.py
 TASKSETS_ROOT = os.environ.get("POSTTRAIN_TASKSETS_ROOT", "s3://posttrain/tasksets")
 MODEL_NAME = os.environ.get("POSTTRAIN_MODEL_NAME", "posttrain-tiny")
 # Every stage resumes from its own checkpoints, so retrying is always safe.
@@ -31,29 +33,8 @@ DAG_DEFAULTS: dict[str, Any] = {
 }
 # Updated by taskset_refresh when it moves the pointer; nightly_retraining is scheduled on it.
 TASKSET_ASSET = Asset(f"{TASKSETS_ROOT}/latest.json", extra={"kind": "posttrain task set"})
-DEFAULT_RUN_ROOT = os.environ.get("POSTTRAIN_RUN_ROOT", "s3://posttrain/runs")
 LAUNCHER = os.environ.get("POSTTRAIN_LAUNCHER", "local")
 TRAIN_IMAGE = os.environ.get("POSTTRAIN_TRAIN_IMAGE", "posttrain-train:latest")
-
-# The trigger form of `post_training` (Airflow renders these as a form in "Trigger DAG"). Knobs left empty
-# (null) keep the stage's own default, so the form never silently overrides a tuned config.
-PARAMS: dict[str, Param] = {
-    "base_model": Param("", type="string", title="Base model",
-                        description="hub id, local path or s3:// URI; empty = the tiny profile's model from scratch"),
-    "profile": Param("tiny", enum=["tiny", "data"], title="Profile"),
-    "mix": Param(None, type=["null", "object"], title="Domains and ratios",
-                 description='train-set and RL prompt mix, e.g. {"math": 0.5, "code": 0.25, "extraction": 0.25}'),
-    "rounds": Param(2, type="integer", minimum=0, maximum=MAX_ROUNDS, title="RL rounds"),
-    "k": Param(None, type=["null", "integer"], minimum=2, maximum=64, title="Samples per prompt (k)"),
-    "learning_rate": Param(None, type=["null", "number"], exclusiveMinimum=0, title="RL learning rate"),
-    "kl_coef": Param(None, type=["null", "number"], minimum=0, title="KL coefficient (beta)"),
-    "seed": Param(0, type="integer", title="Seed"),
-    "run_root": Param(DEFAULT_RUN_ROOT, type="string", title="Run root URI",
-                      description="outputs go to <run_root>/<run id>/<stage>/"),
-    "stage_overrides": Param({}, type="object", title="Advanced: per-stage config",
-                             description='merged into each stage\'s config last, e.g. {"sft": {"max_steps": 400}, '
-                                         '"rl_round": {"steps": 80}} ("rl_round" applies to every round)'),
-}
 
 
 def run_slug(run_id: str) -> str:
@@ -70,7 +51,9 @@ def stage_config(stage: str, params: dict[str, Any]) -> str:
         picked = {"base_model": params.get("base_model") or None}
     elif stage.startswith("rl_round"):
         picked = {"samples_per_prompt": params.get("k"), "lr": params.get("learning_rate"),
-                  "beta": params.get("kl_coef"), "domain_weights": params.get("mix")}
+                  "beta": params.get("kl_coef"), "domain_weights": params.get("mix"),
+                  "advantage": params.get("advantage"), "loss_agg": params.get("loss_agg"),
+                  "rollout_engine": params.get("rollout_engine")}
     else:
         picked = {}
     cfg = {"seed": seed, **{k: v for k, v in picked.items() if v is not None}} if stage in (
@@ -84,21 +67,39 @@ def stage_config(stage: str, params: dict[str, Any]) -> str:
     return json.dumps(cfg, sort_keys=True)
 
 
+def promote_config(params: dict[str, Any], approval: dict[str, Any] | None) -> str:
+    """The promote stage's config: the form's, plus who approved the candidate and when (as version tags)."""
+    from operators.approval import approval_tags
+
+    cfg = json.loads(stage_config("promote", params))
+    tags = approval_tags(approval)
+    if tags:
+        cfg["version_tags"] = {**cfg.get("version_tags", {}), **tags}
+    return json.dumps(cfg, sort_keys=True)
+
+
+# The Jinja macros every training DAG's templates use.
+MACROS: dict[str, Any] = {"run_slug": run_slug, "stage_config": stage_config, "promote_config": promote_config}
+
+
 def spec(command: str, *args: str, gpus: int = 0) -> StageSpec:
     return StageSpec(command, tuple(args), launcher=LAUNCHER, image=TRAIN_IMAGE,
                      gpus=gpus if LAUNCHER != "local" else 0)
 
 
 class GateBranchOperator(BaseBranchOperator):
-    """Follow `promote_task_id` when the gate's verdict is "promote", else `blocked_task_id`."""
+    """Follow `promote_task_id` when the gate's verdict is "promote" (and, with `approval_task_id`, a person
+    asked to approve it did), else `blocked_task_id`."""
 
     template_fields = ("gate_task_id",)
 
-    def __init__(self, *, gate_task_id: str, promote_task_id: str, blocked_task_id: str, **kwargs: Any) -> None:
+    def __init__(self, *, gate_task_id: str, promote_task_id: str, blocked_task_id: str,
+                 approval_task_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.gate_task_id = gate_task_id
         self.promote_task_id = promote_task_id
         self.blocked_task_id = blocked_task_id
+        self.approval_task_id = approval_task_id
 
     def choose_branch(self, context: Any) -> str:
         result = context["ti"].xcom_pull(task_ids=self.gate_task_id) or {}
@@ -108,16 +109,26 @@ class GateBranchOperator(BaseBranchOperator):
             raise ValueError(f"gate task {self.gate_task_id!r} returned no decision: {result!r}")
         for reason in summary.get("reasons", []):
             self.log.info("gate: %s", reason)
-        return self.promote_task_id if decision == "promote" else self.blocked_task_id
+        if decision != "promote":
+            return self.blocked_task_id
+        approval = context["ti"].xcom_pull(task_ids=self.approval_task_id) if self.approval_task_id else None
+        if approval and approval.get("asked") and not approval.get("approved"):
+            self.log.info("the gate said promote, but %s rejected it at %s", approval.get("by"), approval.get("at"))
+            return self.blocked_task_id
+        return self.promote_task_id
 
 
 def rounds_through_promotion(run_uri: str) -> Any:
     """The tail both training DAGs share, built inside the current DAG: RL rounds 1..MAX_ROUNDS (a round beyond
-    `params.rounds` skips), evaluate, gate, and the branch to `promote` or `blocked`. Returns the first round,
-    for the caller to put its own upstream stages in front of."""
+    `params.rounds` skips), evaluate, gate, the approval (asked only with `params.require_approval`), the branch
+    to `promote` or `blocked`, and `end_tracking` (a teardown that ends the MLflow parent run FINISHED or
+    FAILED with the DAG run). Returns the first round, for the caller to put its own upstream stages in front
+    of. The DAG's templates need MACROS."""
     from airflow.providers.standard.operators.empty import EmptyOperator
     from airflow.sdk import chain
 
+    from operators.approval import PromotionApproval
+    from operators.end_tracking import EndTrackingOperator
     from operators.stage_operator import PosttrainStageOperator
 
     rounds = [
@@ -132,10 +143,17 @@ def rounds_through_promotion(run_uri: str) -> Any:
         config="{{ stage_config('evaluate', params) }}", pool="sandbox", trigger_rule="none_failed")
     gate = PosttrainStageOperator(task_id="gate", spec=spec("gate"), run_uri=run_uri,
                                   config="{{ stage_config('gate', params) }}")
+    approval = PromotionApproval(
+        task_id="approval", gate_task_id="gate", evaluate_task_id="evaluate",
+        require="{{ params.require_approval | default(false) }}",
+        timeout_hours="{{ params.approval_timeout_hours | default(24) }}")
     branch = GateBranchOperator(task_id="gate_verdict", gate_task_id="gate", promote_task_id="promote",
-                                blocked_task_id="blocked")
-    promote = PosttrainStageOperator(task_id="promote", spec=spec("promote"), run_uri=run_uri,
-                                     config="{{ stage_config('promote', params) }}")
+                                blocked_task_id="blocked", approval_task_id="approval")
+    promote = PosttrainStageOperator(
+        task_id="promote", spec=spec("promote"), run_uri=run_uri,
+        config="{{ promote_config(params, ti.xcom_pull(task_ids='approval')) }}")
     blocked = EmptyOperator(task_id="blocked")
-    chain(*rounds, evaluate, gate, branch, [promote, blocked])
+    end = EndTrackingOperator(task_id="end_tracking", run_uri=run_uri).as_teardown()
+    chain(*rounds, evaluate, gate, approval, branch, [promote, blocked])
+    [promote, blocked] >> end
     return rounds[0]

@@ -8,6 +8,7 @@ retry simply runs the same command again and the stage resumes from its own chec
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -149,11 +150,18 @@ class PosttrainStageOperator(BaseOperator):
 
 
 def browse_url(folder_uri: str, env: dict[str, str]) -> str:
-    """An http(s) address for a stage folder: the S3 endpoint's path-style URL, or the file:// URI."""
+    """A page a person can read for a stage folder.
+
+    POSTTRAIN_BROWSE_URL, when set, is a template with {uri}, {bucket} and {key} (the MinIO console under
+    compose: `http://localhost:9001/browser/{bucket}/{key}`; the embedded stack: its Airflow storage browser,
+    plugins/browse.py). Without it an s3:// folder opens in the AWS console, and a file:// folder is its URI.
+    """
+    from urllib.parse import quote
+
+    template = env.get("POSTTRAIN_BROWSE_URL") or os.environ.get("POSTTRAIN_BROWSE_URL", "")
+    bucket, _, key = folder_uri[5:].partition("/") if folder_uri.startswith("s3://") else ("", "", "")
+    if template:
+        return template.format(uri=quote(folder_uri, safe=""), bucket=bucket, key=quote(key + "/"))
     if folder_uri.startswith("s3://"):
-        endpoint = env.get("AWS_ENDPOINT_URL_S3", "").rstrip("/")
-        bucket, _, key = folder_uri[5:].partition("/")
-        if endpoint:
-            return f"{endpoint}/{bucket}?prefix={key}/"
         return f"https://s3.console.aws.amazon.com/s3/buckets/{bucket}?prefix={key}/"
     return folder_uri

@@ -31,7 +31,9 @@ class _XComFormatLink(BaseOperatorLink):
 class MlflowRunLink(_XComFormatLink):
     name = "MLflow run"
     key = "posttrain_mlflow_run"
-    format_str = "{ui_url}/#/experiments/{experiment_id}/runs/{run_id}"
+    # MLflow 3's UI opens in its GenAI view unless told otherwise (it keeps the choice per browser, not per
+    # experiment): these runs are model training.
+    format_str = "{ui_url}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
 class CheckpointLink(_XComFormatLink):

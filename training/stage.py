@@ -21,6 +21,7 @@ Stage names (the folder under the run) are `taskset`, `sft`, `rl_round_<N>` (`rl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -83,10 +84,15 @@ class StageContext:
 
     def tasks(self, split: str) -> list[Task]:
         """One split ("train" / "holdout") of this run's task set, checksums verified; the task set becomes a
-        parent of this stage."""
+        parent of this stage and the split an input dataset of its MLflow run."""
         from training.tasksets.io import load_stage_tasks
 
-        return load_stage_tasks(self.input("taskset"), split, self.workdir)
+        manifest = self.input("taskset")
+        tasks = load_stage_tasks(manifest, split, self.workdir)
+        name = f"{split}.parquet"
+        self.mlflow.log_dataset(storage.join(manifest.uri, name), f"taskset-{split}", manifest.files[name].sha256,
+                                context=DATASET_CONTEXTS.get(split, split))
+        return tasks
 
     def add_parent(self, manifest: storage.Manifest) -> None:
         """Record an input from outside this run (a champion checkpoint, a shared task set)."""
@@ -103,6 +109,15 @@ class StageContext:
 
 
 RL_ROUND_PREFIX = "rl_round_"
+# What each task-set split is used for, as MLflow's dataset context.
+DATASET_CONTEXTS = {"train": "training", "holdout": "evaluation"}
+# Stages whose output folder holds a model under this prefix get a LoggedModel linked to their run.
+MODEL_PREFIX = "model/"
+
+
+def is_training_stage(stage: str) -> bool:
+    """Stages that train a model: their MLflow runs get system metrics (CPU, memory, GPU where present)."""
+    return stage == "sft" or stage.startswith(RL_ROUND_PREFIX)
 
 
 def rl_round_stage(round_: int) -> str:
@@ -153,12 +168,16 @@ def run_stage(
     with tracking.stage_run(run_id_of(run_uri), stage) as mlrun:
         log.info("[%s] MLflow run %s", stage, tracking.run_url(mlrun.run_id, mlrun.experiment_id))
         mlrun.log_params(config.to_dict())
-        with tempfile.TemporaryDirectory(prefix=f"posttrain-{stage}-") as work:
+        monitor = mlrun.system_metrics() if is_training_stage(stage) else contextlib.nullcontext()
+        with tempfile.TemporaryDirectory(prefix=f"posttrain-{stage}-") as work, monitor:
             ctx = StageContext(run_uri, stage, config, Path(work), storage.ManifestWriter(stage_uri), mlrun)
             summary = body(ctx) or {}
+            extra = {"summary": summary, "mlflow_experiment_id": mlrun.experiment_id}
+            if any(rel.startswith(MODEL_PREFIX) for rel in ctx.writer.files):
+                # Before the commit, so the manifest names it (promote links the registry version to it).
+                extra["mlflow_model_id"] = mlrun.log_output_model(stage, ctx.stage_uri)
             manifest = ctx.writer.commit(config=config.to_dict(), parents=ctx.parents,
-                                         mlflow_run_id=mlrun.run_id,
-                                         extra={"summary": summary, "mlflow_experiment_id": mlrun.experiment_id})
+                                         mlflow_run_id=mlrun.run_id, extra=extra)
         mlrun.set_tags({"posttrain.manifest_uri": manifest.manifest_uri})
         mlrun.log_metrics({"stage_seconds": time.monotonic() - started})
     log.info("[%s] complete: %s (%.1fs)", stage, manifest.manifest_uri, time.monotonic() - started)

@@ -1,9 +1,10 @@
 """MLflow tracking: one parent run per pipeline run, one nested run per stage.
 
 Stages run as separate processes (often on separate machines), so the parent run is found by tag
-(`posttrain.run_id`) rather than passed around; the first stage to arrive creates it. A retried stage finds its
-own unfinished nested run (tag `posttrain.stage`) and continues it, so metrics of a resumed round land on one
-run in the UI instead of being split across attempts.
+(`posttrain.run_id`) rather than passed around; the first stage to arrive creates it, and the orchestrator ends
+it with the pipeline (`end_pipeline_run`; a stage that starts later, a cleared task say, reopens it). A retried
+stage finds its own unfinished nested run (tag `posttrain.stage`) and continues it, so metrics of a resumed round
+land on one run in the UI instead of being split across attempts.
 
 The tracking URI comes from `MLFLOW_TRACKING_URI`. Before anything is logged the server is probed, and an
 unreachable server fails fast with a message saying where it looked and how to start one.
@@ -25,6 +26,11 @@ from typing import Any
 RUN_TAG = "posttrain.run_id"
 STAGE_TAG = "posttrain.stage"
 DEFAULT_EXPERIMENT = "posttrain"
+# MLflow 3's UI shows an experiment as GenAI ("Evaluations", traces) or as model training by this tag.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+# MLflow keeps at most 36 characters of a dataset digest.
+DIGEST_CHARS = 16
 
 
 class TrackingUnavailable(RuntimeError):
@@ -134,18 +140,70 @@ class StageRun:
     def log_figure(self, figure, artifact_file: str) -> None:
         self.client.log_figure(self.run_id, figure, artifact_file)
 
+    def log_dataset(self, uri: str, name: str, sha256: str, context: str) -> None:
+        """Record the file at `uri` as an input dataset of this run (MLflow's "Datasets used"): its source, and
+        as digest the head of its sha256 from the manifest, so two runs on the same split show the same digest.
+        This is what `mlflow.log_input` logs, for a run that is not the process's active run."""
+        import warnings
+
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+
+        with warnings.catch_warnings():  # "file://" matches two equivalent local source types
+            warnings.simplefilter("ignore", UserWarning)
+            source = resolve_dataset_source(uri)
+        # MetaDataset leaves `profile` (declared abstract, not enforced: Dataset is no ABC) to mean "none".
+        meta = MetaDataset(source, name=name, digest=sha256[:DIGEST_CHARS])  # type: ignore[abstract]
+        dataset = meta._to_mlflow_entity()
+        self.client.log_inputs(self.run_id, [DatasetInput(dataset, [InputTag("mlflow.data.context", context)])])
+
+    def log_output_model(self, name: str, checkpoint_uri: str, step: int = 0) -> str:
+        """A LoggedModel for the model this stage wrote, linked to this run as its output; returns its id.
+
+        The weights stay where the stage wrote them (`checkpoint_uri`, manifested and checksummed); the
+        LoggedModel points there (tag `posttrain.checkpoint_uri`) instead of copying them into MLflow's
+        artifact store. A retried stage reuses the model it created before."""
+        from mlflow.entities import LoggedModelOutput
+
+        found = self.client.search_logged_models(
+            [self.experiment_id], filter_string=f"source_run_id = '{self.run_id}' AND name = '{name}'",
+            max_results=1)
+        model = found[0] if found else self.client.create_logged_model(
+            self.experiment_id, name=name, source_run_id=self.run_id,
+            tags={"posttrain.checkpoint_uri": checkpoint_uri}, model_type="posttrain-checkpoint")
+        self.client.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step)])
+        self.client.finalize_logged_model(model.model_id, "READY")
+        return model.model_id
+
+    @contextlib.contextmanager
+    def system_metrics(self, sampling_interval_s: float | None = None) -> Iterator[None]:
+        """Sample CPU, memory, disk, network (and GPU with nvidia-ml-py) into this run while the block runs."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        interval = sampling_interval_s or float(os.environ.get("POSTTRAIN_SYSTEM_METRICS_INTERVAL_S", "5"))
+        monitor = SystemMetricsMonitor(self.run_id, sampling_interval=interval, samples_before_logging=1)
+        monitor.start()
+        try:
+            yield
+        finally:
+            monitor.finish()
+
 
 def _experiment_id(client, name: str) -> str:
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name)
-    except Exception:  # noqa: BLE001 - another stage created it between our two calls
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+    if exp is None:
+        try:
+            exp_id = client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        except Exception:  # noqa: BLE001 - another stage created it between our two calls
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+        else:
+            return exp_id
+    if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # an experiment from before the tag
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return exp.experiment_id
 
 
 def pipeline_run_id(run_id: str, experiment: str = DEFAULT_EXPERIMENT) -> str:
@@ -155,13 +213,38 @@ def pipeline_run_id(run_id: str, experiment: str = DEFAULT_EXPERIMENT) -> str:
     ensure_reachable()
     client = MlflowClient()
     exp_id = _experiment_id(client, experiment)
+    found = _find_pipeline_run(client, exp_id, run_id)
+    if found is not None:
+        if found.info.status != "RUNNING":  # ended with an earlier DAG run attempt: this stage reopens it
+            client.update_run(found.info.run_id, status="RUNNING")
+        return found.info.run_id
+    run = client.create_run(exp_id, run_name=run_id, tags={RUN_TAG: run_id, STAGE_TAG: "pipeline"})
+    return run.info.run_id
+
+
+def _find_pipeline_run(client, exp_id: str, run_id: str):
     found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_TAG}` = '{run_id}' "
                                f"and tags.`{STAGE_TAG}` = 'pipeline'", max_results=1,
                                order_by=["attributes.start_time ASC"])
-    if found:
-        return found[0].info.run_id
-    run = client.create_run(exp_id, run_name=run_id, tags={RUN_TAG: run_id, STAGE_TAG: "pipeline"})
-    return run.info.run_id
+    return found[0] if found else None
+
+
+def end_pipeline_run(run_id: str, status: str, tags: Mapping[str, str] | None = None,
+                     tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT) -> str | None:
+    """End the parent run of pipeline run `run_id` with `status` ("FINISHED" or "FAILED"), tagging it; returns
+    its MLflow run id, or None when no stage ever created it."""
+    from mlflow.tracking import MlflowClient
+
+    uri = ensure_reachable(tracking_uri)
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    found = _find_pipeline_run(client, exp.experiment_id, run_id) if exp is not None else None
+    if found is None:
+        return None
+    for key, value in (tags or {}).items():
+        client.set_tag(found.info.run_id, key, value)
+    client.set_terminated(found.info.run_id, status=status)
+    return found.info.run_id
 
 
 @contextlib.contextmanager

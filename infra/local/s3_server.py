@@ -1,77 +1,70 @@
-"""moto's S3 server, started with its buckets already in place.
+"""The embedded stack's S3-compatible server: s3rver (npm), file-backed, started with its buckets in place.
 
-    python infra/local/s3_server.py --host 127.0.0.1 --port 9000 --bucket posttrain --bucket mlflow
+    python infra/local/s3_server.py --host 127.0.0.1 --port 9000 --data-dir .local/s3 --bucket posttrain --bucket mlflow
 
-`moto_server` answers as soon as it listens, with no buckets; creating them afterwards over HTTP leaves a window
-in which a client (one retrying through the start-up, say) gets NoSuchBucket. Here the buckets are created in
-moto's in-process S3 backend first, and only then does the server bind its port, so nothing can ever reach the
-server before the buckets exist. The server is the same one `moto_server` runs (moto's WSGI app and request
-handler on werkzeug), serving the same in-memory backend: everything is still lost when the process ends.
+Why s3rver: every object is a plain file under `--data-dir`, written before the server answers the PUT, so what
+S3 held survives `make down` / `make up`, a killed server and a reboot. It is installed from the npm registry
+into `infra/local/s3rver/node_modules` (pinned by the lockfile beside it; `make install` and `.ci/run` run
+`npm ci` there) and needs only `node`. Its `run()` creates the `--configure-bucket` buckets and only then
+binds the port, so no client (one retrying through the start-up, say) can ever reach it before its buckets
+exist. It knows one account, access key `S3RVER` / secret `S3RVER` (its fixed dev credentials).
 
-Standard library and moto (with its server extra) only: the stack runs this with the project venv's python.
+The stack (and `stack.py`'s argv) runs this file, which replaces itself with node (same pid, so the stack's
+pid file and process group stay right). Standard library only.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
+import shutil
 import sys
-from types import FrameType
+from pathlib import Path
 
-DEFAULT_REGION = "us-east-1"
+HERE = Path(__file__).resolve().parent
+PACKAGE_DIR = HERE / "s3rver"
+ENTRY = PACKAGE_DIR / "node_modules" / "s3rver" / "bin" / "s3rver.js"
+ACCESS_KEY = "S3RVER"
+SECRET_KEY = "S3RVER"
 
 
-def _exit(signum: int, frame: FrameType | None) -> None:
-    # As `moto_server` does: SIGTERM (what `stack down` sends) unwinds serve_forever and closes the socket.
-    sys.exit(0)
+class S3ServerMissing(RuntimeError):
+    pass
 
 
-def create_buckets(buckets: list[str], region: str = DEFAULT_REGION) -> None:
-    """Create `buckets` in the in-process S3 backend that the server will serve (idempotent)."""
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.s3.models import s3_backends
-    from moto.utilities.utils import get_partition
-
-    # The backend a request lands on is s3_backends[account][partition]: the account is MOTO_ACCOUNT_ID when
-    # set, else (for access keys moto's IAM does not know, like the stack's dev keys) the default account.
-    account = os.environ.get("MOTO_ACCOUNT_ID", DEFAULT_ACCOUNT_ID)
-    backend = s3_backends[account][get_partition(region)]
+def node_argv(host: str, port: int, data_dir: Path, buckets: list[str]) -> list[str]:
+    """The command that serves `data_dir` as S3 on host:port, creating `buckets` before it listens."""
+    node = shutil.which("node")
+    if node is None:
+        raise S3ServerMissing("`node` is not on PATH: install Node.js (apt-get install nodejs npm)")
+    if not ENTRY.exists():
+        raise S3ServerMissing(f"s3rver is not installed at {ENTRY}: run `npm ci --prefix {PACKAGE_DIR}` "
+                              "(make install does)")
+    argv = [node, str(ENTRY), "--directory", str(data_dir), "--address", host, "--port", str(port),
+            # Path-style only: clients reach it by IP address, never as <bucket>.<host>.
+            "--no-vhost-buckets", "--silent"]
     for name in buckets:
-        if name not in backend.buckets:
-            backend.create_bucket(name, region)
-        backend.head_bucket(name)  # raises MissingBucket if moto ever stores buckets elsewhere
-
-
-def serve(host: str, port: int, buckets: list[str], region: str = DEFAULT_REGION) -> None:
-    """Create the buckets, then bind `host:port` and serve S3 until terminated."""
-    # moto reads MOTO_PORT for URLs it hands out; `moto_server` sets it the same way.
-    os.environ.setdefault("MOTO_PORT", str(port))
-    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-    from werkzeug.serving import make_server
-
-    create_buckets(buckets, region)
-    app = DomainDispatcherApplication(create_backend_app)
-    # make_server binds and listens right here, after the buckets exist: that ordering is the point of this file.
-    server = make_server(host, port, app, threaded=True, request_handler=MotoRequestHandler)
-    print(f"s3_server: serving buckets {', '.join(buckets) or '(none)'} on http://{host}:{port}", flush=True)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
+        argv += ["--configure-bucket", name]
+    return argv
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="s3_server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--data-dir", type=Path, required=True, help="where objects live (created if missing)")
     parser.add_argument("--bucket", action="append", default=[], help="create this bucket first (repeatable)")
-    parser.add_argument("--region", default=DEFAULT_REGION, help="region of the buckets (default: %(default)s)")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit)
-    signal.signal(signal.SIGINT, _exit)
-    serve(args.host, args.port, args.bucket, args.region)
-    return 0
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        cmd = node_argv(args.host, args.port, args.data_dir.resolve(), args.bucket)
+    except S3ServerMissing as err:
+        print(f"s3_server: {err}", file=sys.stderr)
+        return 1
+    print(f"s3_server: serving {args.data_dir} (buckets {', '.join(args.bucket) or 'none'}) "
+          f"on http://{args.host}:{args.port}", flush=True)
+    os.execv(cmd[0], cmd)
+    return 0  # not reached: execv replaced this process
 
 
 if __name__ == "__main__":

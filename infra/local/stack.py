@@ -8,11 +8,13 @@
 Everything lives under one project-local state folder (default `.local/`): pid files, logs, the MLflow
 SQLite database, AIRFLOW_HOME, and `env` (the exports a stage or a shell needs to reach the stack).
 
-The S3 server is moto's server: MinIO cannot be installed from the package registries this project may use, so
-moto is the dev/CI stand-in for MinIO (the compose file in infra/ runs real MinIO). Everything speaks to it with
-plain boto3 and an endpoint URL, exactly as it would to MinIO or AWS. It keeps everything in memory, and it is
-started through `s3_server.py`, which creates the buckets before the server listens: once S3 answers at all,
-its buckets are there.
+The S3 server is s3rver (npm, started through `s3_server.py`): MinIO cannot be installed from the package
+registries this project may use, so s3rver is the dev/CI stand-in for MinIO (the compose file in infra/ runs real
+MinIO). Everything speaks to it with plain boto3 and an endpoint URL, exactly as it would to MinIO or AWS. It keeps
+every object as a file under `<state>/s3`, so models, checkpoints and MLflow artifacts survive `down` / `up` and a
+reboot, and it creates its buckets before it listens: once S3 answers at all, its buckets are there.
+
+Every service listens on 127.0.0.1 unless `--host` (or POSTTRAIN_STACK_HOST) says otherwise.
 
 Each service runs in its own session (process group), so `down` stops the whole group: `airflow api-server`
 and `mlflow server` fork workers that would otherwise outlive their parent. A pid file records the process start
@@ -41,9 +43,13 @@ DEFAULT_STATE = REPO / ".local"
 ALL_SERVICES = ("s3", "mlflow", "airflow")
 DEFAULT_PORTS = {"s3": 9000, "mlflow": 5000, "airflow": 8080}
 BUCKETS = ("posttrain", "mlflow")
-# moto accepts any credentials; these names make it obvious they are not real ones.
-DEV_ACCESS_KEY = "posttrain-dev"
-DEV_SECRET_KEY = "posttrain-dev-secret"
+# s3rver's one built-in account (see s3_server.py): dev credentials, not secrets.
+DEV_ACCESS_KEY = "S3RVER"
+DEV_SECRET_KEY = "S3RVER"
+DEFAULT_HOST = os.environ.get("POSTTRAIN_STACK_HOST", "127.0.0.1")
+# Written into the S3 data folder once S3 has started on it: a data folder without it is new (or was wiped), and
+# then an MLflow store from before cannot be trusted (its artifacts and registered checkpoints were not in it).
+S3_MARKER = ".posttrain-s3-data"
 AIRFLOW_USER = "admin"
 
 
@@ -86,8 +92,11 @@ def _proc_start_time(pid: int) -> str | None:
 class Stack:
     """Start, inspect and stop the local services, all state under `state_dir`."""
 
-    def __init__(self, state_dir: Path = DEFAULT_STATE, ports: dict[str, int] | None = None) -> None:
+    def __init__(self, state_dir: Path = DEFAULT_STATE, ports: dict[str, int] | None = None,
+                 host: str = DEFAULT_HOST) -> None:
         self.state = Path(state_dir).resolve()
+        # Where the services listen; clients always use 127.0.0.1 (a wildcard host still answers there).
+        self.host = host
         self.run_dir = self.state / "run"
         self.log_dir = self.state / "logs"
         self.ports = dict(DEFAULT_PORTS)
@@ -113,6 +122,11 @@ class Stack:
     @property
     def airflow_home(self) -> Path:
         return self.state / "airflow"
+
+    @property
+    def s3_dir(self) -> Path:
+        """Where S3 keeps its objects (one folder per bucket, one file per object)."""
+        return self.state / "s3"
 
     def client_env(self) -> dict[str, str]:
         """What a stage, a test or a shell needs to talk to this stack."""
@@ -140,6 +154,9 @@ class Stack:
             "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "2",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{AIRFLOW_USER}:admin",
+            "AIRFLOW__API__HOST": self.host,
+            # The "Checkpoint" link opens the stage folder in the storage browser the Airflow plugin serves.
+            "POSTTRAIN_BROWSE_URL": f"{api}/posttrain/browse?uri={{uri}}",
             "AIRFLOW__API__PORT": str(self.ports["airflow"]),
             "AIRFLOW__API__BASE_URL": api,
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
@@ -159,13 +176,13 @@ class Stack:
     # ----- service definitions ---------------------------------------------------------------------------
     def _service(self, name: str) -> Service:
         if name == "s3":
-            # Not `moto_server` and PUTs after it is healthy: a client retrying through the start-up could land
-            # in between and get NoSuchBucket. s3_server.py creates the buckets before it binds the port.
-            argv = [sys.executable, str(REPO / "infra" / "local" / "s3_server.py"),
-                    "--host", "127.0.0.1", "--port", str(self.ports["s3"])]
+            # Not PUTs after it is healthy: a client retrying through the start-up could land in between and get
+            # NoSuchBucket. The server creates the buckets before it binds the port.
+            argv = [sys.executable, str(REPO / "infra" / "local" / "s3_server.py"), "--host", self.host,
+                    "--port", str(self.ports["s3"]), "--data-dir", str(self.s3_dir)]
             for bucket in BUCKETS:
                 argv += ["--bucket", bucket]
-            return Service("s3", argv, f"{self.s3_url}/moto-api/", start_timeout_s=60)
+            return Service("s3", argv, f"{self.s3_url}/", start_timeout_s=60)
         if name == "mlflow":
             db = self.mlflow_db
             db.parent.mkdir(parents=True, exist_ok=True)
@@ -176,7 +193,7 @@ class Stack:
                     "--backend-store-uri", f"sqlite:///{db}",
                     "--artifacts-destination", "s3://mlflow/artifacts",
                     "--serve-artifacts",
-                    "--host", "127.0.0.1", "--port", str(self.ports["mlflow"]),
+                    "--host", self.host, "--port", str(self.ports["mlflow"]),
                     "--workers", "1",
                 ],
                 f"{self.mlflow_url}/health",
@@ -187,7 +204,7 @@ class Stack:
             env = self.airflow_env()
             return Service(
                 "airflow",
-                [_bin("airflow"), "api-server", "--port", str(self.ports["airflow"])],
+                [_bin("airflow"), "api-server", "--host", self.host, "--port", str(self.ports["airflow"])],
                 f"{self.airflow_url}/api/v2/monitor/health",
                 env=env,
                 start_timeout_s=180,
@@ -255,7 +272,9 @@ class Stack:
             say(f"  {name:8s} up  (logs: {self.log_dir / (name + '.log')})")
             if name == "s3":
                 self._check_buckets()
-                if self._reset_mlflow(say) and "mlflow" not in order:
+                fresh = not (self.s3_dir / S3_MARKER).exists()
+                (self.s3_dir / S3_MARKER).write_text("S3 data of the posttrain local stack\n")
+                if fresh and self._reset_mlflow(say) and "mlflow" not in order:
                     order.append("mlflow")  # it was running on the old S3: bring it back, on the new one
         self._write_env_file()
 
@@ -264,18 +283,21 @@ class Stack:
         return self.state / "mlflow" / "mlflow.db"
 
     def _reset_mlflow(self, say) -> bool:
-        """moto keeps S3 in memory, so a newly started S3 is empty. MLflow's store must start over with it: its
-        artifacts, and the checkpoints its registered model versions (the champion) point at, were in S3, and
-        a store that outlived them would send the next pipeline run to a checkpoint that no longer exists.
-        The old database is kept beside, renamed. True when MLflow was running (it is stopped)."""
+        """Called when S3 starts on a new (or wiped) data folder while an MLflow store exists. S3 keeps its
+        objects across restarts, so this is not the normal path: it is a deleted `<state>/s3`, or a state
+        folder from before S3 was file-backed. MLflow's store must start over then: its artifacts, and the
+        checkpoints its registered model versions (the champion) point at, were in the S3 that is gone, and a
+        store that outlived them would send the next pipeline run to a checkpoint that no longer exists. The old
+        database is kept beside, renamed. True when MLflow was running (it is stopped)."""
+        if not self.mlflow_db.exists():
+            return False
         was_running = self.running_pid("mlflow") is not None
         if was_running:
             self.down(only=("mlflow",), quiet=True)
-        if self.mlflow_db.exists():
-            kept = self.mlflow_db.with_name(f"mlflow.db.before-s3-restart-{time.strftime('%Y%m%d-%H%M%S')}")
-            self.mlflow_db.rename(kept)
-            say(f"  mlflow   S3 started empty (moto keeps it in memory), so MLflow starts over too; "
-                f"old store kept at {kept}")
+        kept = self.mlflow_db.with_name(f"mlflow.db.before-s3-restart-{time.strftime('%Y%m%d-%H%M%S')}")
+        self.mlflow_db.rename(kept)
+        say(f"  mlflow   S3 started on an empty data folder ({self.s3_dir}), so MLflow starts over too; "
+            f"old store kept at {kept}")
         return was_running
 
     def _prepare_airflow(self, env: dict[str, str], say) -> None:
@@ -305,7 +327,7 @@ class Stack:
         raise StackError(f"{svc.name} did not become healthy at {svc.health_url}; last log lines:\n{tail}")
 
     def _check_buckets(self) -> None:
-        """The S3 server creates its buckets before it listens; this only confirms it (a moto upgrade that moved
+        """The S3 server creates its buckets before it listens; this only confirms it (an S3 server upgrade that moved
         its backends would show here, at `up`, rather than as NoSuchBucket in some stage). It creates nothing."""
         missing = []
         for bucket in BUCKETS:
@@ -405,11 +427,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["up", "down", "status", "env"])
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE, help="default: %(default)s")
     parser.add_argument("--services", default=",".join(ALL_SERVICES), help="comma list (default: all)")
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help="address every service listens on (default: %(default)s; 0.0.0.0 exposes the stack)")
     for name, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--port-{name}", type=int, default=None, help=f"default {port}")
     args = parser.parse_args(argv)
     ports = {n: getattr(args, f"port_{n}") for n in DEFAULT_PORTS if getattr(args, f"port_{n}")}
-    stack = Stack(args.state_dir, ports)
+    stack = Stack(args.state_dir, ports, host=args.host)
     services = tuple(s.strip() for s in args.services.split(",") if s.strip())
     try:
         if args.command == "up":

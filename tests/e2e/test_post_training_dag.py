@@ -62,6 +62,45 @@ def test_dag_runs_end_to_end_and_promotes(pipeline_run) -> None:
     assert {"plots/pass1_by_domain.png", "plots/reward_per_round.png"} <= set(report.files)
 
 
+def test_mlflow_shows_what_a_reviewer_expects(pipeline_run) -> None:
+    """The parent run ended with the DAG run; splits are datasets of the stages that read them; every stage
+    that wrote a model has a LoggedModel linked to its run, and the champion version names run and model;
+    training stages carry system metrics; the experiment is a model-training one."""
+    from mlflow import MlflowClient
+
+    from training import registry, tracking
+
+    dr, tis, run_root = pipeline_run
+    assert tis["end_tracking"].state == "success"
+    slug = _run_uri(run_root).rsplit("/", 1)[-1]
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(tracking.DEFAULT_EXPERIMENT)
+    assert exp.tags[tracking.EXPERIMENT_KIND_TAG] == tracking.EXPERIMENT_KIND
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{tracking.RUN_TAG}` = '{slug}'")
+    by_stage = {r.data.tags[tracking.STAGE_TAG]: r for r in runs}
+    assert by_stage["pipeline"].info.status == "FINISHED"
+    assert by_stage["pipeline"].data.tags["posttrain.outcome"] == "promoted"
+    datasets = {stage: {(d.dataset.name, d.tags[0].value) for d in r.inputs.dataset_inputs}
+                for stage, r in by_stage.items()}
+    assert datasets["sft"] == {("taskset-train", "training")}
+    assert datasets["rl_round_1"] == {("taskset-train", "training"), ("taskset-holdout", "evaluation")}
+    assert datasets["evaluate"] == {("taskset-holdout", "evaluation")}
+    holdout = next(d.dataset for d in by_stage["evaluate"].inputs.dataset_inputs)
+    manifest = storage.require_manifest(storage.join(_run_uri(run_root), "taskset"))
+    assert manifest.files["holdout.parquet"].sha256.startswith(holdout.digest) and "holdout.parquet" in holdout.source
+    for stage in ("sft", "rl_round_1", "rl_round_2"):
+        outputs = by_stage[stage].outputs.model_outputs
+        assert len(outputs) == 1, stage
+        model = client.get_logged_model(outputs[0].model_id)
+        assert model.source_run_id == by_stage[stage].info.run_id
+        assert model.tags["posttrain.checkpoint_uri"] == storage.join(_run_uri(run_root), stage)
+        assert any(k.startswith("system/cpu_utilization") for k in by_stage[stage].data.metrics), stage
+    champ = registry.champion(MODEL_NAME)
+    version = client.get_model_version(MODEL_NAME, champ.version)
+    assert version.run_id == by_stage["rl_round_2"].info.run_id
+    assert version.tags["posttrain.logged_model_id"] == by_stage["rl_round_2"].outputs.model_outputs[0].model_id
+
+
 def test_killed_stage_was_retried_by_airflow_and_resumed(pipeline_run) -> None:
     dr, tis, run_root = pipeline_run
     assert tis["rl_round_1"].try_number == 2, "the first attempt was killed; Airflow's retry finished the round"

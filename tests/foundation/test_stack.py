@@ -66,6 +66,8 @@ def test_up_status_down_full_stack(tmp_path: Path) -> None:
                 break
             assert time.monotonic() < deadline, health
             time.sleep(2)
+        # Every service listens on the loopback address only (the default host).
+        assert {n: _listening(p) for n, p in ports.items()} == dict.fromkeys(ports, {"127.0.0.1"})
         # Running `up` again is idempotent: nothing restarts.
         pids = {n: s["pid"] for n, s in status.items()}
         again = subprocess.run(cli + ["up"], capture_output=True, text=True, timeout=120)
@@ -167,14 +169,21 @@ def test_down_ignores_recycled_pid(tmp_path: Path) -> None:
         victim.wait()
 
 
-def test_fresh_s3_starts_mlflow_over(tmp_path: Path) -> None:
-    """moto keeps S3 in memory: when S3 restarts empty, MLflow (whose artifacts and registered checkpoints
-    were in it) restarts with a fresh store, the old one kept; a champion alias never outlives its checkpoint."""
+def test_s3_keeps_objects_across_restarts_and_a_wiped_s3_starts_mlflow_over(tmp_path: Path) -> None:
+    """S3 is file-backed: a restart (as after `make down` or a reboot) finds every object and MLflow keeps its
+    store. Only an S3 data folder that is new (wiped, or from before S3 kept files) starts MLflow over, the old
+    store kept: a champion alias never outlives its checkpoint."""
+    import shutil
+
+    import boto3
     from mlflow import MlflowClient
 
     stack = Stack(tmp_path / "state", {"s3": free_port(), "mlflow": free_port()})
     try:
         stack.up(("s3", "mlflow"), quiet=True)
+        s3 = boto3.client("s3", endpoint_url=stack.s3_url, region_name="us-east-1",
+                          aws_access_key_id=DEV_ACCESS_KEY, aws_secret_access_key=DEV_SECRET_KEY)
+        s3.put_object(Bucket="posttrain", Key="runs/r1/rl_round_2/model/weights.bin", Body=b"w" * 1000)
         client = MlflowClient(stack.mlflow_url)
         client.create_registered_model("tiny")
         version = client.create_model_version("tiny", "s3://posttrain/runs/r1/rl_round_2")
@@ -182,7 +191,16 @@ def test_fresh_s3_starts_mlflow_over(tmp_path: Path) -> None:
         mlflow_pid = stack.running_pid("mlflow")
 
         stack.down(only=("s3",), quiet=True)  # S3 gone (as after a reboot); MLflow still up
-        stack.up(("s3",), quiet=True)  # only S3 asked for: MLflow, which was running, comes back too
+        stack.up(("s3",), quiet=True)
+        assert stack.running_pid("mlflow") == mlflow_pid  # S3 kept its data: nothing to start over
+        body = s3.get_object(Bucket="posttrain", Key="runs/r1/rl_round_2/model/weights.bin")["Body"].read()
+        assert body == b"w" * 1000
+        assert client.get_model_version_by_alias("tiny", "champion").version == version.version
+        assert not list((tmp_path / "state" / "mlflow").glob("mlflow.db.before-s3-restart-*"))
+
+        stack.down(only=("s3",), quiet=True)
+        shutil.rmtree(stack.s3_dir)  # S3's data wiped: MLflow, which was running, comes back on a fresh store
+        stack.up(("s3",), quiet=True)
         assert stack.running_pid("mlflow") not in (None, mlflow_pid)
         assert client.search_registered_models() == []
         kept = list((tmp_path / "state" / "mlflow").glob("mlflow.db.before-s3-restart-*"))
@@ -194,3 +212,21 @@ def test_fresh_s3_starts_mlflow_over(tmp_path: Path) -> None:
         assert len(list((tmp_path / "state" / "mlflow").glob("mlflow.db.before-s3-restart-*"))) == 1
     finally:
         stack.down(quiet=True)
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses with a socket listening on `port` (IPv4 and IPv6), from /proc/net/tcp*."""
+    import ipaddress
+
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            addr_hex, port_hex = local.split(":")
+            if state != "0A" or int(port_hex, 16) != port:  # 0A = LISTEN
+                continue
+            raw = bytes.fromhex(addr_hex)
+            # The kernel prints each 32-bit word in host (little-endian) order.
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            found.add(str(ipaddress.ip_address(raw)))
+    return found

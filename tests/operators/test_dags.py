@@ -28,6 +28,10 @@ def test_dagbag_imports_without_errors(dagbag) -> None:
     assert [f"rl_round_{n}" for n in range(1, MAX_ROUNDS + 1)] == [i for i in ids if i.startswith("rl_round")]
     assert dag.get_task("evaluate").trigger_rule == "none_failed"
     assert set(dag.get_task("gate_verdict").downstream_task_ids) == {"promote", "blocked"}
+    assert dag.get_task("gate_verdict").upstream_task_ids == {"approval"}
+    assert dag.get_task("approval").upstream_task_ids == {"gate"}
+    end = dag.get_task("end_tracking")
+    assert end.is_teardown and end.upstream_task_ids == {"promote", "blocked"}
     assert {"base_model", "profile", "mix", "rounds", "k", "learning_rate", "kl_coef"} <= set(dag.params)
     for task in dag.tasks:
         if hasattr(task, "spec"):

@@ -7,7 +7,7 @@ the reasons, so a hand-run promote cannot bypass the gate. A retried promote reu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from training import storage
@@ -26,12 +26,14 @@ class GateBlocked(RuntimeError):
 class PromoteConfig(ConfigBase):
     """Promotion.
 
-    model_name: MLflow registered model to add a version to.
-    alias:      the alias moved to the new version ("champion" is what evaluate compares against).
+    model_name:   MLflow registered model to add a version to.
+    alias:        the alias moved to the new version ("champion" is what evaluate compares against).
+    version_tags: extra tags for the version (the DAG adds who approved it and when).
     """
 
     model_name: str = DEFAULT_MODEL_NAME
     alias: str = CHAMPION
+    version_tags: dict[str, str] = field(default_factory=dict)
 
 
 def body(ctx: StageContext) -> dict[str, Any]:
@@ -43,9 +45,10 @@ def body(ctx: StageContext) -> dict[str, Any]:
         raise GateBlocked("the gate blocked this candidate: " + "; ".join(verdict["reasons"]))
     candidate = storage.require_manifest(verdict["candidate_uri"], "candidate")
     ctx.add_parent(candidate)
-    champ = promote(candidate.uri, cfg.model_name, run_id=candidate.mlflow_run_id,
-                    tags={"posttrain.run_id": ctx.run_id, "posttrain.stage": verdict.get("candidate_stage", "")},
-                    alias=cfg.alias)
+    tags = {"posttrain.run_id": ctx.run_id, "posttrain.stage": verdict.get("candidate_stage", ""),
+            **cfg.version_tags}
+    champ = promote(candidate.uri, cfg.model_name, run_id=candidate.mlflow_run_id, tags=tags, alias=cfg.alias,
+                    model_id=candidate.extra.get("mlflow_model_id"))
     ctx.writer.put_json({"model_name": champ.name, "version": champ.version, "alias": cfg.alias,
                          "source": champ.source}, "promotion.json")
     ctx.progress(f"promoted {champ.source} as {champ.name} v{champ.version} (alias {cfg.alias})")

@@ -1,0 +1,103 @@
+"""Fixtures for the browser tests: the whole embedded stack (S3, MLflow, Airflow) and a headless Chromium.
+
+The stack is started once for the module on free ports in a temporary state folder, exactly as `make up` starts
+it. POSTTRAIN_UI_STACK=<state dir> reuses a stack that is already up instead (handy while writing a test).
+A test that fails keeps its screenshots (every step saves one) under build/browser-screenshots/<test>/; a
+passing test's are removed unless POSTTRAIN_KEEP_SCREENSHOTS=1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.local.stack import AIRFLOW_USER, Stack, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+SHOTS = Path(os.environ.get("POSTTRAIN_SCREENSHOTS", REPO / "build" / "browser-screenshots"))
+
+
+def _need_browser() -> None:
+    from browser_helpers import CHROMEDRIVER, CHROMIUM
+
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
+    if missing:  # .ci/run installs them; a developer machine may not have them
+        pytest.skip(f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture(scope="module")
+def ui_stack(tmp_path_factory: pytest.TempPathFactory):
+    _need_browser()
+    reuse = os.environ.get("POSTTRAIN_UI_STACK")
+    saved = dict(os.environ)
+    if reuse:
+        stack = Stack(Path(reuse))
+    else:
+        stack = Stack(tmp_path_factory.mktemp("ui-stack"),
+                      ports={"s3": free_port(), "mlflow": free_port(), "airflow": free_port()})
+        stack.up(quiet=True)
+    try:
+        os.environ.update(stack.client_env())
+        _wait_for_dag(stack, "post_training")
+        yield stack
+    finally:
+        if not reuse:
+            stack.down(quiet=True)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _wait_for_dag(stack: Stack, dag_id: str, timeout_s: float = 180) -> None:
+    """The DAG processor parses the DAG files shortly after start; the UI shows a DAG only after that."""
+    from browser_helpers import airflow_token, api
+
+    token = airflow_token(stack.airflow_url, AIRFLOW_USER, stack.airflow_password() or "")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            api(stack.airflow_url, token, f"dags/{dag_id}")
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+
+
+@pytest.fixture
+def airflow_token(ui_stack: Stack) -> str:
+    from browser_helpers import airflow_token as token
+
+    return token(ui_stack.airflow_url, AIRFLOW_USER, ui_stack.airflow_password() or "")
+
+
+@pytest.fixture
+def browser(request: pytest.FixtureRequest, tmp_path: Path, ui_stack: Stack, airflow_token: str):
+    from browser_helpers import Browser
+
+    shots = SHOTS / request.node.name
+    shutil.rmtree(shots, ignore_errors=True)
+    b = Browser(tmp_path / "chromium-profile", shots)
+    b.log_in_to_airflow(ui_stack.airflow_url, airflow_token)
+    try:
+        yield b
+    finally:
+        failed = any(getattr(request.node, f"rep_{w}", None) and getattr(request.node, f"rep_{w}").failed
+                     for w in ("setup", "call"))
+        if failed:
+            b.shot("failed")
+            (shots / "page.txt").write_text(b.driver.current_url + "\n\n" + b.text())
+            print(f"screenshots of the failure: {shots}")
+        b.quit()
+        if not failed and not os.environ.get("POSTTRAIN_KEEP_SCREENSHOTS"):
+            shutil.rmtree(shots, ignore_errors=True)

@@ -1,0 +1,178 @@
+"""What a person sees, in headless Chromium on the embedded stack: the `post_training` trigger form opens valid
+and submits with its defaults plus a short per-stage override; the run succeeds in the grid; the "MLflow run"
+link opens the run with its metrics; with "Require human approval", Approve under Required Actions moves the
+champion alias (approver and time become version tags) and Reject ends in `blocked`.
+
+The override keeps a DAG run short on 2 cores (tiny profile, few steps, a small evaluation); the gate's
+tolerance is opened wide so every run's verdict is "promote" and the approval is always asked.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from browser_helpers import newest_run
+
+from infra.local.stack import Stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.timeout(2400)]
+
+DAG = "post_training"
+MODEL = "posttrain-tiny"
+OVERRIDES = {
+    "taskset": {"counts": {"math": 400, "code": 200, "extraction": 200}},
+    "sft": {"max_steps": 20},
+    "rl_round": {"steps": 2, "prompts_per_step": 4, "holdout_per_domain": 10},
+    "evaluate": {"max_tasks_per_domain": 20, "n_samples": 2, "ks": [1, 2], "long_context_tasks": 0},
+    "gate": {"tolerance": 1},
+}
+# A guard, not the expected time: a run takes a few minutes on an idle 2-core machine, far longer when shared.
+RUN_TIMEOUT_S = 1500
+
+
+def _trigger(browser, stack: Stack, token: str, *, rounds: int | None = None,
+             require_approval: bool = False) -> tuple[str, dict]:
+    """Open the form, check it opens valid, set the override (and the given fields), submit; the new run."""
+    before = newest_run(stack.airflow_url, token, DAG)
+    trigger = browser.open_trigger_form(stack.airflow_url, DAG)
+    browser.shot("form-opened")
+    assert trigger.is_enabled(), "the form must open valid: Trigger is disabled"
+    assert "error" not in browser.find("//*[@role='dialog']").text.lower()
+    if rounds is not None:
+        browser.open_section("Reinforcement learning (GRPO rounds)")
+        browser.set_number("RL rounds", rounds)
+    if require_approval:
+        browser.open_section("Evaluation and gate")
+        browser.check("Require human approval")
+    browser.open_section("Advanced")
+    browser.paste_into_code_editor("Per-stage config", json.dumps(OVERRIDES))
+    browser.shot("form-filled")
+    assert trigger.is_enabled(), browser.find("//*[@role='dialog']").text
+    trigger.click()
+    def created() -> tuple[str, dict] | None:
+        run = newest_run(stack.airflow_url, token, DAG)
+        return run if run is not None and (before is None or run[0] != before[0]) else None
+
+    return browser.wait_for(created, 120, "the trigger created no run", every_s=2)
+
+
+def _wait_for_run_in_grid(browser, stack: Stack, run_id: str, until: tuple[str, ...] = ("Success", "Failed"),
+                          timeout_s: float = RUN_TIMEOUT_S) -> str:
+    """Watch the run's page (grid beside the task list) until its state badge reads one of `until`."""
+    browser.driver.get(f"{stack.airflow_url}/dags/{DAG}/runs/{run_id}")
+
+    def state() -> str | None:
+        badge = browser._first("//*[@data-testid='state-badge']")  # the run's state, beside its id
+        return badge.text.strip() if badge is not None and badge.text.strip() in until else None
+
+    found = browser.wait_for(state, timeout_s, f"run {run_id} never reached {until}", every_s=3,
+                             refresh_every_s=15)
+    browser.shot(f"run-{found}")
+    return found
+
+
+def _task_states(browser, stack: Stack, run_id: str) -> dict[str, str]:
+    """The run's task list as the UI shows it: task id -> state text."""
+    browser.driver.get(f"{stack.airflow_url}/dags/{DAG}/runs/{run_id}")
+
+    def rows() -> dict[str, str]:
+        out = {}
+        for row in browser.driver.find_elements("xpath", "//table//tbody/tr"):
+            cells = row.find_elements("xpath", "./td")
+            if len(cells) > 3 and cells[1].text.strip():
+                out[cells[1].text.strip()] = cells[3].text.strip()
+        return out if "promote" in out and all(out.values()) else {}
+
+    return browser.wait_for(rows, 60, "the run's task list never loaded")
+
+
+def test_trigger_form_defaults_run_succeeds_and_mlflow_shows_metrics(browser, ui_stack, airflow_token) -> None:
+    started = time.monotonic()
+    run_id, conf = _trigger(browser, ui_stack, airflow_token)
+    # Submitted as it opened, plus the override: every default is in the conf.
+    assert conf["stage_overrides"] == OVERRIDES
+    assert conf["profile"] == "tiny" and conf["base_model"] is None and conf["rounds"] == 2
+    assert conf["require_approval"] is False
+
+    assert _wait_for_run_in_grid(browser, ui_stack, run_id) == "Success"
+    print(f"run {run_id} succeeded {time.monotonic() - started:.0f}s after the form opened")
+    states = _task_states(browser, ui_stack, run_id)
+    assert states["promote"] == "Success" and states["blocked"] == "Skipped", states
+    assert states["rl_round_2"] == "Success" and states["rl_round_3"] == "Skipped", states
+    # A grid cell per task; the finished ones show the success mark.
+    sft_cell = browser.find(f"//a[@data-testid='grid-{run_id}-sft']//*[@data-testid='task-state-badge']")
+    assert sft_cell.is_displayed()
+
+    # The task's "MLflow run" link (under Details, Extra Links) opens the stage's MLflow run, with its metrics,
+    # its dataset and its system metrics, in MLflow's model-training view.
+    browser.driver.get(f"{ui_stack.airflow_url}/dags/{DAG}/runs/{run_id}/tasks/sft/details")
+    href = browser.find("//a[normalize-space()='MLflow run']").get_attribute("href")
+    checkpoint = browser.find("//a[normalize-space()='Checkpoint']").get_attribute("href")
+    browser.shot("task-extra-links")
+    assert href.startswith(ui_stack.mlflow_url) and "workflowType=machine_learning" in href, href
+    browser.driver.get(href)
+    browser.wait_for(lambda: "system/cpu_utilization_percentage" in browser.text(), 60,
+                     "the MLflow run page shows no metrics")
+    page = browser.text()
+    assert "taskset-train" in page and "Training" in page, "the run shows no dataset"
+    browser.shot("mlflow-run")
+    browser.driver.get(href.replace("?", "/model-metrics?"))
+    browser.wait_for(lambda: "grad_norm" in browser.text() and "loss" in browser.text(), 60,
+                     "the MLflow run's model metrics show no training curve")
+    browser.shot("mlflow-run-metrics")
+
+    # The "Checkpoint" link opens a readable listing of the stage folder, not S3's XML.
+    browser.driver.get(checkpoint)
+    browser.wait_for(lambda: "complete: manifest written" in browser.text(), 30, "no listing page")
+    assert "model/" in browser.text() and "<ListBucketResult" not in browser.driver.page_source
+    browser.shot("checkpoint-listing")
+
+
+def _champion_version(stack: Stack) -> str | None:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return MlflowClient(stack.mlflow_url).get_model_version_by_alias(MODEL, "champion").version
+    except MlflowException:
+        return None
+
+
+def _answer_required_action(browser, stack: Stack, run_id: str, choice: str) -> None:
+    """Wait for the approval under Required Actions, check it shows the verdict and table, click `choice`."""
+    browser.driver.get(f"{stack.airflow_url}/dags/{DAG}/runs/{run_id}/tasks/approval/required_actions")
+    button = browser.wait_for(lambda: browser._first(f"//button[normalize-space()='{choice}']"), RUN_TIMEOUT_S,
+                              "the approval never showed up under Required Actions", every_s=3,
+                              refresh_every_s=15)
+    page = browser.text()
+    assert "Gate verdict: promote" in page and "domain" in page and "candidate" in page, page
+    browser.shot("required-action")
+    button.click()
+    time.sleep(2)
+    browser.shot(f"after-{choice}")
+
+
+@pytest.mark.parametrize("choice", ["Approve", "Reject"])
+def test_approval_in_the_ui(browser, ui_stack, airflow_token, choice) -> None:
+    from mlflow import MlflowClient
+
+    before = _champion_version(ui_stack)
+    run_id, conf = _trigger(browser, ui_stack, airflow_token, rounds=1, require_approval=True)
+    assert conf["require_approval"] is True and conf["rounds"] == 1
+    _answer_required_action(browser, ui_stack, run_id, choice)
+    assert _wait_for_run_in_grid(browser, ui_stack, run_id) == "Success"
+    states = _task_states(browser, ui_stack, run_id)
+    after = _champion_version(ui_stack)
+    if choice == "Approve":
+        assert states["promote"] == "Success" and states["blocked"] == "Skipped", states
+        assert after is not None and after != before, "the champion alias did not move"
+        version = MlflowClient(ui_stack.mlflow_url).get_model_version(MODEL, after)
+        assert version.tags["posttrain.approved_by"] == "admin" and version.tags["posttrain.approved_at"]
+        browser.driver.get(f"{ui_stack.mlflow_url}/#/models/{MODEL}")
+        browser.wait_for(lambda: "champion" in browser.text(), 60, "MLflow's model page shows no champion alias")
+        browser.shot("mlflow-champion")
+    else:
+        assert states["blocked"] == "Success" and states["promote"] == "Skipped", states
+        assert after == before, "a rejected candidate moved the alias"
