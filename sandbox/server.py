@@ -1,7 +1,8 @@
 """A small HTTP front for remote reward workers (stdlib http.server, JSON in and out).
 
     GET  /health  -> {"ok": true, "isolation": "...", "features": {...}}
-    POST /run     -> body: one job {"program", "tests": [{"call", "expected"}], "limits"?, "id"?} -> one verdict,
+    POST /run     -> body: one job {"program", "tests": [{"call", "expected"}], "limits"?, "id"?} (or, instead of
+                     "tests", "test_program": {"source", "entry_point"?, "setup"?}) -> one verdict,
                      or a list of jobs -> a list of verdicts (same order).
 
 Bind to localhost unless the network around it is trusted: anyone who can reach the port can run code
