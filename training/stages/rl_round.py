@@ -626,9 +626,10 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
         metrics = rnd.step(step)
         done = step + 1
         metrics.update({f"curriculum/{k}": v for k, v in sorted(rnd.curriculum.rates.items())})
-        # history is what a retried round must reproduce: no timings, no memory (they differ run to run)
+        # history is what a retried round must reproduce: no timings (step, weight sync) and no memory, which
+        # differ run to run; MLflow gets them all
         history.append({"step": done, **{k: v for k, v in metrics.items()
-                                          if not k.startswith("curriculum/") and k != "step_seconds"}})
+                                          if not k.startswith("curriculum/") and not k.endswith("_seconds")}})
         ctx.progress("step", step=done, **metrics, **distributed.peak_memory_metrics(device))
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
             checkpointing.save(ctx.stage_uri, done, trainer, rnd.optimizer, tokenizer,
