@@ -11,7 +11,10 @@
 # 5. the pretrained-model path: a Qwen2-architecture model (~40M parameters) built from config with a ChatML
 #    tokenizer (training/synthetic_models.py), one GRPO step with the vLLM engine, bf16, LoRA and TIS on; prints
 #    rollout tokens/s against standalone vllm.LLM.generate on the same prompt ids (goal: ratio >= 0.9) and the
-#    weight-sync seconds.
+#    weight-sync seconds;
+# 6. two GPUs (runs only when torch sees >= 2 devices, and says so when not): the tiny SFT stage and a GRPO round
+#    under torchrun with 2 processes on NCCL, DDP and FSDP, against the 1-process run (final loss within 1e-3
+#    in fp32), and the per-rank peak memory lines.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -159,5 +162,44 @@ sys.exit(0 if ok else 1)
 PYEOF
 RC=$?
 [ $RC -eq 0 ] || FAILS=$((FAILS + 1))
+
+# --- 6. two GPUs: SFT and a GRPO round under torchrun (NCCL), DDP and FSDP, against one process -------------
+NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if [ "${NGPU:-0}" -ge 2 ]; then
+  TMP2=$(mktemp -d /tmp/gpu-check-2gpu-XXXX)
+  export MLFLOW_TRACKING_URI="sqlite:///$TMP2/mlflow.db"
+  $PY - "$TMP2" <<'PYEOF' || fail "2-GPU: task set + 1-process SFT"
+import sys
+from tests.training.conftest import commit_taskset, make_tasks, split_tasks
+commit_taskset(f"file://{sys.argv[1]}/base", *split_tasks(make_tasks()))
+PYEOF
+  SFT='{"max_steps":8,"batch_size":8,"max_seq_len":64,"vocab_size":300,"checkpoint_every":4,"log_every":4,"device":"cuda","precision":"fp32"}'
+  RL='{"steps":3,"prompts_per_step":8,"samples_per_prompt":4,"max_new_tokens":8,"checkpoint_every":2,"device":"cuda","precision":"fp32","rollout_engine":"hf","holdout_per_domain":2,"parallel":{"rollout_seeding":"prompt"}}'
+  loss() { grep -o '"final_loss": [-0-9.e]*' | tail -1 | awk '{print $2}'; }
+  for MODE in one ddp fsdp; do
+    cp -r "$TMP2/base" "$TMP2/$MODE"
+    if [ $MODE = one ]; then
+      LAUNCH="$PY -m training.cli"; SET=""
+    else
+      LAUNCH="$PY -m torch.distributed.run --standalone --nproc-per-node 2 -m training.cli --"
+      SET="--set parallel.strategy=$MODE"
+    fi
+    timeout 300 $LAUNCH sft --run "file://$TMP2/$MODE" --config "$SFT" $SET > "$TMP2/$MODE-sft.log" 2>&1 \
+      && pass "2-GPU: sft ($MODE) final loss $(loss < "$TMP2/$MODE-sft.log")" || fail "2-GPU: sft ($MODE), see $TMP2/$MODE-sft.log"
+    timeout 300 $LAUNCH rl-round --round 1 --run "file://$TMP2/$MODE" --config "$RL" $SET > "$TMP2/$MODE-rl.log" 2>&1 \
+      && pass "2-GPU: rl-round ($MODE) $(grep -o 'train/loss=[-0-9.e]*' "$TMP2/$MODE-rl.log" | tail -1)" \
+      || fail "2-GPU: rl-round ($MODE), see $TMP2/$MODE-rl.log"
+    grep -o 'memory/peak_gb_rank[0-9]=[0-9.]*' "$TMP2/$MODE-rl.log" | tail -2 | tr '\n' ' '; echo
+  done
+  ONE=$(loss < "$TMP2/one-sft.log")
+  for MODE in ddp fsdp; do
+    TWO=$(loss < "$TMP2/$MODE-sft.log")
+    $PY -c "import sys; sys.exit(abs(float('$ONE') - float('$TWO')) > 1e-3)" 2>/dev/null \
+      && pass "2-GPU: sft $MODE loss $TWO matches 1 process $ONE (tolerance 1e-3)" \
+      || fail "2-GPU: sft $MODE loss '$TWO' vs 1 process '$ONE' (tolerance 1e-3)"
+  done
+else
+  echo "SKIP 2-GPU section: torch sees ${NGPU:-0} CUDA device(s); it runs when two are visible"
+fi
 echo "gpu-check: $(( $(date +%s) - START ))s, $FAILS failure(s)"
 [ $FAILS -eq 0 ]

@@ -82,9 +82,15 @@ def promote_config(params: dict[str, Any], approval: dict[str, Any] | None) -> s
 MACROS: dict[str, Any] = {"run_slug": run_slug, "stage_config": stage_config, "promote_config": promote_config}
 
 
+# Processes per node for the stages that train (sft, rl-round): > 1 runs them under torchrun (DDP/FSDP).
+NPROC_PER_NODE = int(os.environ.get("POSTTRAIN_NPROC_PER_NODE", "1"))
+DISTRIBUTED_STAGES = ("sft", "rl-round")
+
+
 def spec(command: str, *args: str, gpus: int = 0) -> StageSpec:
+    nproc = NPROC_PER_NODE if command in DISTRIBUTED_STAGES else 1
     return StageSpec(command, tuple(args), launcher=LAUNCHER, image=TRAIN_IMAGE,
-                     gpus=gpus if LAUNCHER != "local" else 0)
+                     gpus=max(gpus, nproc) if LAUNCHER != "local" and gpus else 0, nproc_per_node=nproc)
 
 
 class GateBranchOperator(BaseBranchOperator):

@@ -21,6 +21,11 @@ class StageSpec:
     cpus:      container CPU limit; None = no limit.
     timeout_s: wall-clock limit for the stage; the launcher stops it when exceeded.
     env:       extra non-secret environment for the stage.
+    nproc_per_node: processes per node; > 1 (or nnodes > 1) starts the stage under torchrun, one process per
+               GPU (DDP or FSDP as the stage's `parallel` config says). Only `sft` and `rl-round` train
+               over several processes; other stages ignore the extra ranks' absence.
+    nnodes:    nodes; > 1 only on Kubernetes, as a PyTorchJob (operators/launchers/kubernetes.py).
+    rdzv_port: the rendezvous port of a multi-node run (rank 0's pod serves it).
     """
 
     command: str
@@ -32,12 +37,23 @@ class StageSpec:
     cpus: float | None = None
     timeout_s: int = 6 * 3600
     env: dict[str, str] = field(default_factory=dict)
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    rdzv_port: int = 29500
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
             raise ValueError(f"launcher {self.launcher!r} is not one of {', '.join(LAUNCHERS)}")
         if self.gpus < 0:
             raise ValueError(f"gpus must be >= 0, got {self.gpus}")
+        if self.nproc_per_node < 1 or self.nnodes < 1:
+            raise ValueError(f"nproc_per_node and nnodes must be >= 1, got {self.nproc_per_node}, {self.nnodes}")
+        if self.nnodes > 1 and self.launcher != "kubernetes":
+            raise ValueError(f"nnodes={self.nnodes}: several nodes need the kubernetes launcher (a PyTorchJob)")
+
+    @property
+    def distributed(self) -> bool:
+        return self.nproc_per_node > 1 or self.nnodes > 1
 
     def with_(self, **changes) -> StageSpec:
         return replace(self, **changes)
@@ -48,4 +64,17 @@ class StageSpec:
             out += ["--run", run_uri]
         if config:
             out += ["--config", config]
-        return out
+        return torchrun_argv(self, out) if self.distributed else out
+
+
+def torchrun_argv(spec: StageSpec, argv: list[str]) -> list[str]:
+    """`posttrain <stage> ...` under torchrun. One node: `--standalone` (a private rendezvous on localhost).
+    Several nodes: c10d rendezvous at $(MASTER_ADDR):rdzv_port, which the PyTorchJob sets on every pod.
+    `--` ends torchrun's options: without it torchrun's parser takes `--run` for its own `--run-path`."""
+    head = ["torchrun", "--nproc-per-node", str(spec.nproc_per_node)]
+    if spec.nnodes == 1:
+        head += ["--standalone"]
+    else:
+        head += ["--nnodes", str(spec.nnodes), "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", f"$(MASTER_ADDR):{spec.rdzv_port}", "--rdzv-id", "$(POSTTRAIN_RDZV_ID)"]
+    return [*head, "-m", "training.cli", "--", *argv[1:]]

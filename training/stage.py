@@ -17,6 +17,11 @@ rounds) saves numbered checkpoints under `ctx.stage_uri` with `checkpointing.sav
 
 Stage names (the folder under the run) are `taskset`, `sft`, `rl_round_<N>` (`rl_round_stage(N)`), `evaluate`,
 `gate` and `promote`; each stage's code lives in `training/stages/<cli name>.py`.
+
+Under torchrun (WORLD_SIZE > 1) every rank runs the body; `run_stage` joins the process group and gives ranks
+other than 0 a writer and an MLflow handle that discard everything, so a body never asks which rank it is to
+write or log. Rank 0 alone decides whether the stage is already complete, opens the MLflow run and commits the
+manifest; the other ranks wait for it at a barrier, and if any rank's body raises, every rank raises.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -131,8 +137,11 @@ def run_id_of(run_uri: str) -> str:
 
 def setup_logging() -> None:
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        # Under torchrun only rank 0 tells the story; the other ranks report warnings and errors, marked.
+        rank = int(os.environ.get("RANK", "0"))
+        logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s" + (f"[rank {rank}]" if rank else "")
+                                   + ": %(message)s")
 
 
 def emit(result: StageResult) -> None:
@@ -155,6 +164,8 @@ def run_stage(
     body: Callable[[StageContext], dict[str, Any] | None],
 ) -> StageResult:
     setup_logging()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _run_stage_ranked(stage, config, run_uri, body)
     stage_uri = storage.join(run_uri, stage)
     done = storage.read_manifest(stage_uri)
     if done is not None:
@@ -184,3 +195,69 @@ def run_stage(
     result = StageResult(stage, manifest.manifest_uri, mlrun.run_id, summary, mlrun.experiment_id)
     emit(result)
     return result
+
+
+def _run_stage_ranked(
+    stage: str,
+    config: ConfigBase,
+    run_uri: str,
+    body: Callable[[StageContext], dict[str, Any] | None],
+) -> StageResult:
+    """`run_stage` for one of N torchrun ranks: the same contract, with rank 0 the only writer."""
+    import contextlib
+    from typing import cast
+
+    from training import distributed
+    from training.devices import resolve_device
+
+    distributed.init(resolve_device(str(getattr(config, "device", "cpu"))))
+    try:
+        main = distributed.is_main()
+        stage_uri = storage.join(run_uri, stage)
+        done = distributed.broadcast(storage.read_manifest(stage_uri) if main else None)
+        if done is not None:
+            log.info("[%s] already complete at %s (created %s); skipping", stage, done.manifest_uri,
+                     done.created_at)
+            result = StageResult(stage, done.manifest_uri, done.mlflow_run_id, done.extra.get("summary", {}),
+                                 done.extra.get("mlflow_experiment_id"), skipped=True)
+            if main:
+                emit(result)
+            return result
+
+        started = time.monotonic()
+        tracked = (tracking.stage_run(run_id_of(run_uri), stage) if main
+                   else contextlib.nullcontext(cast(tracking.StageRun, distributed.SilentRun())))
+        with tracked as mlrun:
+            log.info("[%s] MLflow run %s; %d ranks", stage, tracking.run_url(mlrun.run_id, mlrun.experiment_id),
+                     distributed.world_size())
+            mlrun.log_params(config.to_dict())
+            with tempfile.TemporaryDirectory(prefix=f"posttrain-{stage}-") as work:
+                writer = (storage.ManifestWriter(stage_uri) if main
+                          else cast(storage.ManifestWriter, distributed.DiscardingWriter(stage_uri)))
+                ctx = StageContext(run_uri, stage, config, Path(work), writer, mlrun)
+                error: BaseException | None = None
+                try:
+                    summary = body(ctx) or {}
+                except BaseException as err:  # noqa: BLE001 - re-raised below, after the ranks agree
+                    error = err
+                # Every rank ends the same way: a rank whose body raised fails, and so does every other.
+                failed = [r for r, bad in enumerate(distributed.all_gather(error is not None)) if bad]
+                if error is not None:
+                    raise error
+                if failed:
+                    raise RuntimeError(f"[{stage}] rank(s) {failed} failed (see their log); rank "
+                                       f"{distributed.rank()} stops too")
+                committed = ctx.writer.commit(
+                    config=config.to_dict(), parents=ctx.parents, mlflow_run_id=mlrun.run_id,
+                    extra={"summary": summary, "mlflow_experiment_id": mlrun.experiment_id}) if main else None
+                manifest = distributed.broadcast(committed)
+                assert manifest is not None
+            mlrun.set_tags({"posttrain.manifest_uri": manifest.manifest_uri})
+            mlrun.log_metrics({"stage_seconds": time.monotonic() - started})
+        log.info("[%s] complete: %s (%.1fs)", stage, manifest.manifest_uri, time.monotonic() - started)
+        result = StageResult(stage, manifest.manifest_uri, mlrun.run_id or None, summary, mlrun.experiment_id)
+        if main:
+            emit(result)
+        return result
+    finally:
+        distributed.teardown()

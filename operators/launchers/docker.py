@@ -34,8 +34,9 @@ class DockerLauncher:
             "volumes": self.volumes,
             "shm_size": "2g",  # torch dataloaders and NCCL need more than docker's 64 MB default
         }
-        if spec.gpus:
-            kwargs["device_requests"] = [DeviceRequest(count=spec.gpus, capabilities=[["gpu"]])]
+        if spec.gpus:  # under torchrun, one GPU per process at least
+            count = max(spec.gpus, spec.nproc_per_node)
+            kwargs["device_requests"] = [DeviceRequest(count=count, capabilities=[["gpu"]])]
         if spec.memory:
             kwargs["mem_limit"] = spec.memory
         if spec.cpus:

@@ -2,6 +2,13 @@
 
 The pod is a plain `restartPolicy: Never` pod: Airflow owns retries, and a retry is a new pod that resumes the
 stage from its checkpoints in object storage. GPUs are requested as `nvidia.com/gpu` limits.
+
+One node, N processes (`StageSpec.nproc_per_node`): the same pod, its command `torchrun --standalone
+--nproc-per-node N -m training.cli -- <stage> ...`, N GPUs. Several nodes (`nnodes` > 1): the documented form is
+a Kubeflow PyTorchJob (`pytorchjob_manifest`): one Master and nnodes-1 Worker replicas of that pod, each running
+torchrun with c10d rendezvous at $(MASTER_ADDR):rdzv_port (the training operator sets MASTER_ADDR on every
+replica), the job name as the rendezvous id. Submit it with `kubectl apply -f` (or the CustomObjectsApi);
+`KubernetesLauncher` itself runs single-node pods and refuses nnodes > 1, naming this function.
 """
 
 from __future__ import annotations
@@ -54,6 +61,36 @@ def pod_manifest(spec: StageSpec, argv: list[str], env: dict[str, str], name: st
     return pod
 
 
+def pytorchjob_manifest(spec: StageSpec, argv: list[str], env: dict[str, str], name: str, namespace: str,
+                        service_account: str | None = None) -> dict[str, Any]:
+    """The multi-node form of a stage (kubeflow.org/v1 PyTorchJob): Master + (nnodes - 1) Workers, each the
+    stage pod with `spec.nproc_per_node` GPUs running torchrun (argv from StageSpec.argv, c10d rendezvous)."""
+    pod = pod_manifest(spec.with_(gpus=max(spec.gpus, spec.nproc_per_node)), argv,
+                       {**env, "POSTTRAIN_RDZV_ID": name}, name, namespace, service_account)
+    container = pod["spec"]["containers"][0]
+    container["name"] = "pytorch"  # the training operator finds the container by this name
+    container["ports"] = [{"name": "rdzv", "containerPort": spec.rdzv_port}]
+    template = {"metadata": {"labels": pod["metadata"]["labels"]},
+                "spec": {k: v for k, v in pod["spec"].items() if k not in ("restartPolicy", "activeDeadlineSeconds")}}
+
+    def replicas(n: int) -> dict[str, Any]:
+        return {"replicas": n, "restartPolicy": "Never", "template": template}
+
+    job: dict[str, Any] = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": namespace, "labels": pod["metadata"]["labels"]},
+        "spec": {
+            "runPolicy": {"backoffLimit": 0, "activeDeadlineSeconds": spec.timeout_s},  # Airflow owns retries
+            "nprocPerNode": str(spec.nproc_per_node),
+            "pytorchReplicaSpecs": {"Master": replicas(1)},
+        },
+    }
+    if spec.nnodes > 1:
+        job["spec"]["pytorchReplicaSpecs"]["Worker"] = replicas(spec.nnodes - 1)
+    return job
+
+
 class KubernetesLauncher:
     """`core_v1` is a kubernetes `CoreV1Api` (from in-cluster or kubeconfig credentials by default)."""
 
@@ -80,7 +117,11 @@ class KubernetesLauncher:
 
     def run(self, spec: StageSpec, argv: list[str], env: dict[str, str],
             on_line: Callable[[str], None]) -> int:
+        if spec.nnodes > 1:
+            raise ValueError(f"stage {spec.command}: nnodes={spec.nnodes} runs as a PyTorchJob "
+                             "(operators.launchers.kubernetes.pytorchjob_manifest); this launcher runs one pod")
         name = f"posttrain-{spec.command}-{uuid.uuid4().hex[:8]}".lower()
+        spec = spec.with_(gpus=max(spec.gpus, spec.nproc_per_node) if spec.gpus else 0)
         manifest = pod_manifest(spec, argv, env, name, self.namespace, self.service_account)
         with self._lock:
             self.api.create_namespaced_pod(namespace=self.namespace, body=manifest)

@@ -26,9 +26,11 @@ class LocalProcessLauncher:
 
     @staticmethod
     def resolve(argv: list[str]) -> list[str]:
-        # Prefer the `posttrain` next to the worker's interpreter: the same venv Airflow runs in.
+        # Prefer the `posttrain` (and `torchrun`) next to the worker's interpreter: the same venv Airflow runs in.
         if argv and argv[0] == "posttrain" and not shutil.which("posttrain"):
             return [sys.executable, "-m", "training.cli", *argv[1:]]
+        if argv and argv[0] == "torchrun" and not shutil.which("torchrun"):
+            return [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
         return argv
 
     def run(self, spec: StageSpec, argv: list[str], env: dict[str, str],

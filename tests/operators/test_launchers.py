@@ -129,3 +129,23 @@ def test_docker_nonzero_exit_code(client) -> None:
 def test_spec_validates_launcher() -> None:
     with pytest.raises(ValueError, match="not one of local, docker, kubernetes"):
         StageSpec("sft", launcher="slurm")
+
+
+def test_local_starts_torchrun_with_nproc_per_node_processes() -> None:
+    """The real runtime: torchrun started by the local launcher runs `posttrain sft --help` in 2 processes."""
+    spec = StageSpec("sft", args=("--help",), nproc_per_node=2)
+    argv = spec.argv("", None)
+    assert argv[:5] == ["torchrun", "--nproc-per-node", "2", "--standalone", "-m"]
+    lines: list[str] = []
+    rc = LocalProcessLauncher().run(spec, argv, {"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                                    lines.append)
+    assert rc == 0, lines[-20:]
+    assert sum(line.startswith("usage: posttrain sft") for line in lines) == 2, lines[:20]
+
+
+def test_spec_rejects_several_nodes_outside_kubernetes() -> None:
+    with pytest.raises(ValueError, match="kubernetes"):
+        StageSpec("sft", nnodes=2)
+    with pytest.raises(ValueError, match=">= 1"):
+        StageSpec("sft", nproc_per_node=0)
+    assert StageSpec("gate").argv("s3://b/r", None) == ["posttrain", "gate", "--run", "s3://b/r"]

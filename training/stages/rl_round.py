@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from training import algorithms, checkpointing, models
+from training import algorithms, checkpointing, distributed, models
 from training.chat import PromptFormat
 from training.config import ConfigBase
 from training.curriculum import Curriculum, domain_counts, pick_prompts
@@ -115,6 +115,13 @@ class GRPOConfig(ConfigBase):
     vllm_tensor_parallel_size: the vLLM engine's settings (training/rollout/vllm.py); with sleep mode the engine
                         gives its GPU memory back to the trainer during the update.
     device:             "cpu", "cuda" or "auto".
+    parallel:           under torchrun (N processes): DDP or FSDP for the update, rollout seeding, the weight-sync
+                        bucket, the memory check (training.distributed.ParallelConfig). prompts_per_step stays the
+                        global batch: each rank samples and scores its share of the prompts, the groups are
+                        gathered on every rank (advantages, dynamic sampling and the curriculum see them all),
+                        and each rank updates on its share of the kept groups. Each rank runs its own rollout
+                        engine (data-parallel engines); with FSDP the hf engine samples from a full replica
+                        refreshed after every update by gathering the shards bucket by bucket.
     """
 
     seed: int = 0
@@ -166,6 +173,7 @@ class GRPOConfig(ConfigBase):
     vllm_sleep_mode: bool = True
     vllm_tensor_parallel_size: int = 1
     device: str = "auto"
+    parallel: distributed.ParallelConfig = field(default_factory=distributed.ParallelConfig)
 
     def __post_init__(self) -> None:
         algorithms.get_advantage(self.advantage)
@@ -221,26 +229,39 @@ def use_tis(cfg: GRPOConfig, engine_name: str) -> bool:
 
 def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer,
                   chunks: Sequence[RolloutBatch | PackedGroups], cfg: GRPOConfig, tis: bool = False,
-                  compute_dtype: torch.dtype = torch.float32) -> dict[str, float]:
+                  compute_dtype: torch.dtype = torch.float32, trainer: Any | None = None,
+                  live: Sequence[bool] | None = None) -> dict[str, float]:
     """`updates_per_batch` optimizer steps on one rollout batch (as micro-batches); averaged loss statistics.
     The KL reference is `ref_model`, or with a LoRA policy its adapter-disabled base. With `tis`, each token's
-    policy gradient is weighted by the truncated trainer/engine probability ratio."""
+    policy gradient is weighted by the truncated trainer/engine probability ratio.
+
+    Under N ranks `chunks` are this rank's share and `trainer` the DDP/FSDP module; the normalisers are global
+    and the loss is scaled by N, so the averaged gradient is the whole batch's. Every rank must run the same
+    number of forward/backward passes (each is a collective), so a rank pads its chunks with copies marked
+    not `live`: they run, with weight 0."""
     device = chunks[0].completion_mask.device
+    trainer = model if trainer is None else trainer
+    world = distributed.world_size()
+    weight = [1.0 if live is None or alive else 0.0 for alive in (live or [True] * len(chunks))]
     with torch.no_grad(), autocast(device, compute_dtype):
         has_ref = cfg.beta and (ref_model is not None or is_lora(model))
         ref_logp = ([reference_logprobs(model, ref_model, c, cfg.temperature) for c in chunks]
                     if has_ref else None)  # [(n, L_c)]
-        old_logp = ([completion_logprobs(model, c, cfg.temperature) for c in chunks]
+        old_logp = ([completion_logprobs(trainer, c, cfg.temperature) for c in chunks]
                     if cfg.updates_per_batch > 1 else None)  # [(n, L_c)]
     n_tokens = torch.stack([c.completion_mask.sum() for c in chunks]).sum().clamp(min=1)
     n_seqs = sum(c.completion_mask.shape[0] for c in chunks)
+    if world > 1:  # global normalisers, from the live chunks of every rank
+        n_tokens = torch.tensor(distributed.sum_over_ranks(
+            sum(float(c.completion_mask.sum()) * w for c, w in zip(chunks, weight))), device=device).clamp(min=1)
+        n_seqs = int(distributed.sum_over_ranks(sum(c.completion_mask.shape[0] * w for c, w in zip(chunks, weight))))
     stats: dict[str, float] = defaultdict(float)
     for _ in range(cfg.updates_per_batch):
         optimizer.zero_grad(set_to_none=True)
         for j, c in enumerate(chunks):
             mask = c.completion_mask.float()  # (n, L_c)
             with autocast(device, compute_dtype):
-                logp = completion_logprobs(model, c, cfg.temperature)  # (n, L_c)
+                logp = completion_logprobs(trainer, c, cfg.temperature)  # (n, L_c)
             old = old_logp[j] if old_logp is not None else logp.detach()  # (n, L_c)
             weights = None
             if tis and c.engine_logprobs is not None:
@@ -253,14 +274,22 @@ def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Opti
                 st["rollout_mismatch_kl"] = algorithms.mismatch_kl(old, c.engine_logprobs, mask)
             # Micro-batches share one normaliser, so accumulation equals the whole-batch loss.
             share = mask.sum() / n_tokens if cfg.loss_agg == "token-mean" else c.completion_mask.shape[0] / n_seqs
-            (loss * share).backward()
+            if world > 1:  # DDP/FSDP average gradients over the ranks; padding chunks weigh 0
+                share = share * weight[j]
+                (loss * share * world).backward()
+            else:
+                (loss * share).backward()
             for k, v in st.items():
                 stats[k] += float(v) * float(share) / cfg.updates_per_batch
             stats["loss"] += float(loss.detach()) * float(share) / cfg.updates_per_batch
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0
                                                    else float("inf"))
         optimizer.step()
-        stats["grad_norm"] += float(grad_norm) / cfg.updates_per_batch
+        stats["grad_norm"] += distributed.scalar(grad_norm) / cfg.updates_per_batch
+    if world > 1:  # each rank's stats are its share of the global ones; the norm is already global
+        norm = stats.pop("grad_norm")
+        stats = defaultdict(float, distributed.all_reduce_sum(stats))
+        stats["grad_norm"] = norm
     return dict(stats)
 
 
@@ -350,10 +379,13 @@ class Round:
     samples_seen: int = 0
     last_rows: list[dict] = field(default_factory=list)
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
+    trainer: Any = None  # the module the update runs through: DDP around `model`, or `model` (FSDP, 1 process)
+    rollout_model: Any = None  # what the hf engine samples from: `model`, or a full replica under FSDP
 
     @classmethod
     def build(cls, cfg: GRPOConfig, round_: int, model: Any, tokenizer: Any, ref_model: Any | None,
-              train_tasks: list[Task], device: torch.device) -> Round:
+              train_tasks: list[Task], device: torch.device, trainer: Any = None,
+              rollout_model: Any = None) -> Round:
         fmt = PromptFormat(tokenizer, getattr(tokenizer, "chat_settings", None), model.generation_config)
         limit = prompt_limit(cfg.max_prompt_tokens, model, cfg.max_new_tokens)
         train_tasks, dropped = fitting_tasks(fmt, train_tasks, limit)
@@ -367,11 +399,83 @@ class Round:
             raise ValueError(f"domain_weights name domains {unknown} absent from the train split {sorted(pool)}")
         optimizer = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay)
         engine_name = resolve_engine(cfg.rollout_engine, device)
-        engine = make_engine(engine_name, model, tokenizer, stop_ids=fmt.stop_ids, **engine_options(cfg, engine_name))
+        rollout_model = model if rollout_model is None else rollout_model
+        engine = make_engine(engine_name, rollout_model, tokenizer, stop_ids=fmt.stop_ids,
+                             **engine_options(cfg, engine_name))
         low, high = cfg.curriculum_band
         curriculum = Curriculum((low, high), cfg.curriculum_floor, cfg.curriculum_ema)
         return cls(cfg, round_, model, tokenizer, ref_model, optimizer, engine, pool, curriculum, device, fmt,
-                   engine_name, resolve_precision(cfg.precision, device), dropped)
+                   engine_name, resolve_precision(cfg.precision, device), dropped,
+                   trainer=model if trainer is None else trainer, rollout_model=rollout_model)
+
+    def sync_rollout_weights(self) -> float | None:
+        """Give the rollout engine the newest policy; seconds taken, or None when it already samples from the
+        trainer's own weights (hf engine, no FSDP). Under FSDP the shards are gathered bucket by bucket (a
+        collective: every rank calls this) into the hf engine's replica or the rank's vLLM engine."""
+        sharded = distributed.is_sharded(self.model)
+        if self.engine_name == "hf" and not sharded:
+            return None
+        if not sharded:
+            self.engine.update_weights(merged_state_dict(self.model))
+            return float(self.engine.last_sync_s)
+        started = time.monotonic()
+        for bucket in distributed.full_tensors(self.model, self.cfg.parallel.weight_sync_bucket_mb):
+            if self.engine_name == "hf":
+                with torch.no_grad():
+                    self.rollout_model.load_state_dict(bucket, strict=False)
+            else:
+                self.engine.update_weights(bucket)
+        return time.monotonic() - started
+
+    def rollouts(self, tasks: list[Task], step: int, draw: int) -> tuple[list[list[Completion]], list[float]]:
+        """G completions of each task and their rewards. One process with batch seeding: one engine call seeded by
+        (seed, round, step, draw), exactly as always. Under N ranks each rank samples and scores its share of the
+        prompts (seeded by its rank, or per prompt with rollout_seeding=prompt) and the groups are gathered, in
+        order, on every rank."""
+        from training.rewards import score_tasks
+
+        cfg, G = self.cfg, self.cfg.samples_per_prompt
+        seeding = cfg.parallel.rollout_seeding
+        if distributed.world_size() == 1 and seeding == "batch":
+            groups = self.engine.generate([self.prompt_ids(t) for t in tasks], G, cfg.max_new_tokens,
+                                          cfg.temperature, cfg.top_p,
+                                          seed=derive_seed(cfg.seed, self.round, step, draw, "sample"))
+            return groups, score_tasks([t for t in tasks for _ in range(G)], [c.text for g in groups for c in g])
+        mine = distributed.shard_indices(len(tasks), distributed.rank(), distributed.world_size())
+        if seeding == "prompt":  # a prompt's samples depend on its position only, not on which rank draws them
+            my_groups = [self.engine.generate([self.prompt_ids(tasks[i])], G, cfg.max_new_tokens, cfg.temperature,
+                                              cfg.top_p, seed=derive_seed(cfg.seed, self.round, step, draw,
+                                                                          "sample", i))[0] for i in mine]
+        else:
+            my_groups = self.engine.generate([self.prompt_ids(tasks[i]) for i in mine], G, cfg.max_new_tokens,
+                                             cfg.temperature, cfg.top_p,
+                                             seed=derive_seed(cfg.seed, self.round, step, draw, "sample",
+                                                              distributed.rank()))
+        my_scores = score_tasks([tasks[i] for i in mine for _ in range(G)], [c.text for g in my_groups for c in g])
+        scored = [(g, my_scores[k * G:(k + 1) * G]) for k, g in enumerate(my_groups)]
+        everything = distributed.gather(scored, len(tasks))
+        return [g for g, _ in everything], [r for _, rs in everything for r in rs]
+
+    def update_chunks(self, kept: list[tuple[Task, list[Completion], list[float]]],
+                      adv: torch.Tensor) -> tuple[list[RolloutBatch | PackedGroups], list[bool] | None]:
+        """Micro-batches of this rank's share of the kept groups, and which are live (None: all, 1 process).
+        Under N ranks every rank ends with the same number of micro-batches: short ones are padded with
+        copies of a chunk that count 0 (see policy_update)."""
+        cfg = self.cfg
+
+        def chunked(idx: list[int]) -> list[RolloutBatch | PackedGroups]:
+            return micro_batches(self.tokenizer, [self.prompt_ids(kept[i][0]) for i in idx],
+                                 [kept[i][1] for i in idx], adv[idx].flatten(), self.device, cfg.micro_batch_size,
+                                 cfg.packed_groups and takes_4d_mask(self.model),
+                                 next(self.model.parameters()).dtype)
+
+        if distributed.world_size() == 1:
+            return chunked(list(range(len(kept)))), None
+        mine = distributed.shard_indices(len(kept), distributed.rank(), distributed.world_size())
+        chunks = chunked(mine) if mine else []
+        n = distributed.all_reduce_max(len(chunks))
+        filler = chunks[0] if chunks else chunked([0])[0]
+        return chunks + [filler] * (n - len(chunks)), [True] * len(chunks) + [False] * (n - len(chunks))
 
     def prompt_ids(self, task: Task) -> list[int]:
         """The task's chat-rendered prompt ids (rendered once per task and kept)."""
@@ -381,8 +485,6 @@ class Round:
 
     def step(self, step: int) -> dict[str, float]:
         """Training step `step` (0-based): sample, score, filter, update. Returns its metrics."""
-        from training.rewards import score_tasks
-
         cfg, t0 = self.cfg, time.monotonic()
         torch.manual_seed(derive_seed(cfg.seed, self.round, step, "torch"))
         lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
@@ -399,12 +501,9 @@ class Round:
         for draw in range(cfg.max_sampling_batches if cfg.dynamic_sampling else 1):
             rng = random.Random(derive_seed(cfg.seed, self.round, step, draw, "prompts"))
             tasks = pick_prompts(self.pool, counts, self.curriculum if cfg.curriculum else None, rng)
-            groups = self.engine.generate([self.prompt_ids(t) for t in tasks], cfg.samples_per_prompt,
-                                          cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-                                          seed=derive_seed(cfg.seed, self.round, step, draw, "sample"))
+            groups, scores = self.rollouts(tasks, step, draw)
             cut_by_length.append(length_cut_share(groups))
-            flat_tasks = [t for t in tasks for _ in range(cfg.samples_per_prompt)]
-            scores = score_tasks(flat_tasks, [c.text for g in groups for c in g])
+            # each weighted-reward component, where it applies (one process; N ranks gather plain rewards)
             for name, values in getattr(scores, "components", {}).items():
                 components[name] += [v for v in values if v is not None]
             rewards = torch.tensor(scores, dtype=torch.float32).view(len(tasks), cfg.samples_per_prompt)  # (B, G)
@@ -426,16 +525,15 @@ class Round:
         if kept:
             rewards = torch.tensor([r for _, _, r in kept])  # (K, G)
             adv = algorithms.get_advantage(cfg.advantage)(rewards)  # (K, G)
-            chunks = micro_batches(self.tokenizer, [self.prompt_ids(t) for t, _, _ in kept], [g for _, g, _ in kept],
-                                   adv.flatten(), self.device, cfg.micro_batch_size,
-                                   cfg.packed_groups and takes_4d_mask(self.model), next(self.model.parameters()).dtype)
+            chunks, live = self.update_chunks(kept, adv)
             self.engine.sleep()  # vLLM with sleep mode gives the GPU back to the trainer for the update
             stats = policy_update(self.model, self.ref_model, self.optimizer, chunks, cfg,
-                                  tis=use_tis(cfg, self.engine_name), compute_dtype=self.compute_dtype)
+                                  tis=use_tis(cfg, self.engine_name), compute_dtype=self.compute_dtype,
+                                  trainer=self.trainer, live=live)
             self.engine.wake_up()
-            if self.engine_name != "hf":  # the hf engine samples from the trainer's own model object
-                self.engine.update_weights(merged_state_dict(self.model))
-                stats["weight_sync_seconds"] = float(self.engine.last_sync_s)
+            synced = self.sync_rollout_weights()
+            if synced is not None:
+                stats["weight_sync_seconds"] = synced
             self.last_rows = [{"step": step + 1, "domain": t.domain, "difficulty": t.difficulty,
                                "prompt": engine_text(self.engine, self.prompt_ids(t)), "completion": c.text,
                                "finish_reason": c.finish_reason, "reward": r, "advantage": float(a)}
@@ -463,8 +561,14 @@ def engine_options(cfg: GRPOConfig, engine_name: str) -> dict[str, Any]:
 
 def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     cfg: GRPOConfig = ctx.config  # type: ignore[assignment]
-    device = resolve_device(cfg.device)
+    device = distributed.local_device(resolve_device(cfg.device))
+    world = distributed.world_size()
     prev = "sft" if round_ == 1 else rl_round_stage(round_ - 1)
+    if world > 1 and cfg.lora.enabled and cfg.parallel.strategy == "fsdp":
+        raise ValueError("rl_round: LoRA with parallel.strategy=fsdp is not supported; use ddp (adapters are small)")
+    if world > 1 and cfg.vllm_tensor_parallel_size > 1:
+        raise ValueError("rl_round: under torchrun each rank runs its own vLLM engine on its own GPU "
+                         "(data-parallel engines); vllm_tensor_parallel_size > 1 needs a 1-process stage")
 
     # Policy (previous stage), the KL reference, tasks. With LoRA the frozen base is stored in the compute
     # precision and, adapters disabled, is the reference; without, the reference is the SFT model (offloadable).
@@ -482,13 +586,25 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
         reference = f"sft ({'offloaded to cpu' if cfg.ref_device == 'cpu' else 'on ' + str(device)})"
     else:
         reference = "none (beta = 0)"
-    rnd = Round.build(cfg, round_, model, tokenizer, ref_model, ctx.tasks("train"), device)
     limit = prompt_limit(cfg.max_prompt_tokens, model, cfg.max_new_tokens)
+    check_memory(model, ref_model, cfg, device, world, limit, resolve_engine(cfg.rollout_engine, device))
+    trainer, rollout_model = model, None
+    if world > 1:
+        import copy
+
+        # FSDP shards the policy in place; the hf engine needs whole weights, so it samples from a replica.
+        rollout_model = (copy.deepcopy(model).eval() if cfg.parallel.strategy == "fsdp"
+                         and resolve_engine(cfg.rollout_engine, device) == "hf" else None)
+        trainer = distributed.wrap(model, cfg.parallel, device)
+    rnd = Round.build(cfg, round_, model, tokenizer, ref_model, ctx.tasks("train"), device, trainer=trainer,
+                      rollout_model=rollout_model)
     holdout, holdout_dropped = fitting_tasks(rnd.fmt, holdout_subset(ctx.tasks("holdout"), cfg.holdout_per_domain),
                                              limit)
     ctx.progress(f"round {round_}: engine {rnd.engine_name}, precision {rnd.compute_dtype}, lora={cfg.lora.enabled}, "
                  f"reference {reference}, prompts {'chat-rendered' if rnd.fmt.uses_template else 'plain'}, "
-                 f"stop ids {rnd.fmt.stop_ids}; dropped over {limit} prompt tokens: {rnd.prompts_dropped} train, "
+                 f"stop ids {rnd.fmt.stop_ids}, {world} rank(s)"
+                 f"{' ' + cfg.parallel.strategy if world > 1 else ''}; "
+                 f"dropped over {limit} prompt tokens: {rnd.prompts_dropped} train, "
                  f"{holdout_dropped} holdout", prompts_dropped_train=float(rnd.prompts_dropped),
                  prompts_dropped_holdout=float(holdout_dropped))
     ctx.mlflow.set_tags({"posttrain.rollout_engine": rnd.engine_name, "posttrain.reference": reference,
@@ -498,15 +614,14 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     start_step, history = 0, []
     state, _ = checkpointing.latest_state(ctx.stage_uri, ctx.workdir)
     if state is not None:
-        start_step = checkpointing.restore(state, model, rnd.optimizer)
+        start_step = checkpointing.restore(state, trainer if state.get("sharded") else model, rnd.optimizer)
         rnd.curriculum.rates = dict(state["extra"]["curriculum"])
         holdout_before = state["extra"]["holdout_before"]
         history = list(state["extra"]["history"])
-        if rnd.engine_name != "hf":
-            rnd.engine.update_weights(merged_state_dict(model))
+        rnd.sync_rollout_weights()
         ctx.progress(f"resumed from checkpoint step {start_step}")
     else:
-        holdout_before, _ = holdout_pass_at_1(rnd.engine, holdout, cfg.max_new_tokens, rnd.fmt)
+        holdout_before, _ = holdout_check(rnd.engine, holdout, cfg.max_new_tokens, rnd.fmt)
         ctx.progress(f"round {round_} starts from {prev}",
                      **{f"holdout_before/{k}": v for k, v in holdout_before.items()})
 
@@ -516,11 +631,13 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
         metrics = rnd.step(step)
         done = step + 1
         metrics.update({f"curriculum/{k}": v for k, v in sorted(rnd.curriculum.rates.items())})
+        # history is what a retried round must reproduce: no timings (step, weight sync) and no memory, which
+        # differ run to run; MLflow gets them all
         history.append({"step": done, **{k: v for k, v in metrics.items()
-                                          if not k.startswith("curriculum/") and k != "step_seconds"}})
-        ctx.progress("step", step=done, **metrics)
+                                          if not k.startswith("curriculum/") and not k.endswith("_seconds")}})
+        ctx.progress("step", step=done, **metrics, **distributed.peak_memory_metrics(device))
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            checkpointing.save(ctx.stage_uri, done, model, rnd.optimizer, tokenizer,
+            checkpointing.save(ctx.stage_uri, done, trainer, rnd.optimizer, tokenizer,
                                extra={"curriculum": dict(rnd.curriculum.rates), "holdout_before": holdout_before,
                                       "history": history}, keep_last=cfg.keep_checkpoints)
             ctx.progress(f"checkpoint step {done}")
@@ -528,14 +645,16 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
 
     # End of round: holdout check, samples table, the new policy.
     model.eval()
-    holdout_after, holdout_rows = holdout_pass_at_1(rnd.engine, holdout, cfg.max_new_tokens, rnd.fmt)
+    holdout_after, holdout_rows = holdout_check(rnd.engine, holdout, cfg.max_new_tokens, rnd.fmt)
     ctx.mlflow.log_metrics({**{f"holdout/{k}": v for k, v in holdout_after.items()},
                             **{f"holdout_delta/{k}": holdout_after[k] - holdout_before.get(k, 0.0)
                                for k in holdout_after}}, step=cfg.steps)
     samples = rnd.last_rows + _holdout_samples(holdout_rows, cfg.log_samples)
     ctx.mlflow.log_table(samples, "samples.json")
     ctx.writer.put_json(samples, "samples.json")
-    models.save_checkpoint(model, tokenizer, ctx.writer, "model")
+    final = distributed.gathered_model(trainer, cfg.parallel.weight_sync_bucket_mb)  # None on ranks other than 0
+    if final is not None:
+        models.save_checkpoint(final, tokenizer, ctx.writer, "model")
     ctx.writer.put_json({"holdout_before": holdout_before, "holdout_after": holdout_after, "history": history},
                         "round_report.json")
     ctx.progress(f"round {round_} done", step=cfg.steps, **{f"holdout/{k}": v for k, v in holdout_after.items()})
@@ -553,7 +672,46 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
             "final_train_metrics": history[-1] if history else {},
             "rollout_engine": rnd.engine_name, "reference": reference, "lora": cfg.lora.enabled,
             "prompts_dropped": {"train": rnd.prompts_dropped, "holdout": holdout_dropped},
-            "samples_per_s_this_attempt": rnd.samples_seen / max(elapsed, 1e-9)}
+            "samples_per_s_this_attempt": rnd.samples_seen / max(elapsed, 1e-9), "world_size": world}
+
+
+def check_memory(model: Any, ref_model: Any | None, cfg: GRPOConfig, device: torch.device, world: int,
+                 prompt_tokens: int, engine_name: str) -> None:
+    """Refuse to start when policy, gradients, AdamW state, reference and the rollout KV cache cannot fit a
+    rank: an estimate (activations not counted). vLLM holds its KV cache inside its own memory share."""
+    if not cfg.parallel.memory_check:
+        return
+    params = list(model.parameters())
+    context = int(getattr(model.config, "n_positions", 0) or getattr(model.config, "max_position_embeddings", 0)
+                  or prompt_tokens + cfg.max_new_tokens)
+    rows = min(cfg.rollout_batch_size, -(-cfg.prompts_per_step // world) * cfg.samples_per_prompt)
+    kv = 0.0 if engine_name != "hf" else distributed.kv_cache_bytes(
+        model.config, rows, min(context, prompt_tokens + cfg.max_new_tokens), params[0].element_size())
+    estimate = distributed.estimate_memory(
+        sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad), params[0].element_size(),
+        world, cfg.parallel.strategy,
+        reference_params=0 if ref_model is None or cfg.ref_device == "cpu" else models.count_parameters(ref_model),
+        kv_cache_bytes=kv)
+    capacity = distributed.device_capacity(device)
+    if engine_name == "vllm":
+        capacity *= 1 - cfg.vllm_gpu_memory_utilization
+    distributed.check_fits(estimate, capacity, cfg.parallel.memory_headroom, "rl_round")
+
+
+def holdout_check(engine: Any, tasks: list[Task], max_new_tokens: int,
+                  fmt: PromptFormat) -> tuple[dict[str, float], list[dict]]:
+    """holdout_pass_at_1 over all ranks: each greedily decodes its share, the rows are gathered in order and
+    the rates computed from all of them (1 process: holdout_pass_at_1 itself)."""
+    if distributed.world_size() == 1:
+        return holdout_pass_at_1(engine, tasks, max_new_tokens, fmt)
+    _, mine = holdout_pass_at_1(engine, distributed.shard(tasks), max_new_tokens, fmt)
+    rows = distributed.gather(mine, len(tasks))
+    by_domain: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        by_domain[row["domain"]].append(row["reward"])
+    rates = {d: sum(v) / len(v) for d, v in sorted(by_domain.items())}
+    rates["all"] = sum(r["reward"] for r in rows) / max(1, len(rows))
+    return rates, rows
 
 
 def _holdout_samples(rows: list[dict], n: int) -> list[dict]:

@@ -11,6 +11,7 @@ checkpoint/resume, and the stage entry point.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import random
 import time
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from training import checkpointing, models
+from training import checkpointing, distributed, models
 from training.chat import ChatSettings, PromptFormat
 from training.config import ConfigBase
 from training.devices import resolve_device
@@ -73,6 +74,9 @@ class SFTConfig(ConfigBase):
     keep_checkpoints:  mid-stage checkpoints kept (the newest N; older ones are deleted once a newer one is
                        complete). The stage's final model is its output and is always kept.
     device:            "cpu", "cuda" or "auto".
+    parallel:          under torchrun (N processes): DDP or FSDP, hybrid sharding, the memory check
+                       (training.distributed.ParallelConfig). batch_size stays the global batch: each rank
+                       trains on batch_size / N rows of it, so N ranks reach the loss one process does.
     """
 
     seed: int = 0
@@ -101,6 +105,7 @@ class SFTConfig(ConfigBase):
     gradient_checkpointing: bool = False
     keep_checkpoints: int = 2
     device: str = "auto"
+    parallel: distributed.ParallelConfig = field(default_factory=distributed.ParallelConfig)
 
 
 class ExamplesTooLong(ValueError):
@@ -241,7 +246,12 @@ def lr_at(step: int, cfg: SFTConfig) -> float:
 # ----- the stage ----------------------------------------------------------------------------------------------
 def train(ctx: StageContext) -> dict[str, Any]:
     cfg: SFTConfig = ctx.config  # type: ignore[assignment]
-    device = resolve_device(cfg.device)
+    device = distributed.local_device(resolve_device(cfg.device))
+    world = distributed.world_size()
+    if cfg.batch_size % world:
+        raise ValueError(f"sft: batch_size={cfg.batch_size} does not split over {world} ranks")
+    if world > 1 and cfg.lora.enabled and cfg.parallel.strategy == "fsdp":
+        raise ValueError("sft: LoRA with parallel.strategy=fsdp is not supported; use ddp (adapters are small)")
     tasks = [t for t in ctx.tasks("train") if t.reference and (not cfg.domains or t.domain in cfg.domains)]
     if cfg.max_examples:
         tasks = tasks[:cfg.max_examples]
@@ -252,9 +262,11 @@ def train(ctx: StageContext) -> dict[str, Any]:
     state, tok_dir = checkpointing.latest_state(ctx.stage_uri, ctx.workdir)
     compute_dtype = resolve_precision(cfg.precision, device)
     model, tokenizer = build_model(cfg, tasks, tok_dir, dtype=compute_dtype if cfg.lora.enabled else None)
-    if state is not None:  # weights before .to(device), so the optimizer state lands beside them
+    if state is not None and not state.get("sharded"):  # weights before .to(device): optimizer state beside them
         model.load_state_dict(state["model"])
+    check_memory(model, cfg, device, world)
     model.to(device).train()
+    trainer = distributed.wrap(model, cfg.parallel, device)  # model itself in a 1-process run
     optimizer = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay)
     start_step = 0
     if state is not None:
@@ -263,12 +275,17 @@ def train(ctx: StageContext) -> dict[str, Any]:
     else:
         checkpointing.seed_everything(cfg.seed)
 
+    if world > 1:  # every rank trained the tiny tokenizer on the same corpus: it must be the same one
+        vocab = hashlib.sha256(str(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()
+        if len(set(distributed.all_gather(vocab))) != 1:
+            raise RuntimeError("sft: the ranks built different tokenizers")
     fmt = PromptFormat(tokenizer, cfg.chat, model.generation_config)
     examples, overlong = encode_examples(fmt, tasks, cfg.max_seq_len, cfg.max_overlong_share)
     ctx.progress(f"{len(examples)} examples ({'chat template' if fmt.uses_template else 'plain text'}), "
                  f"{len(overlong)} over max_seq_len={cfg.max_seq_len} dropped, "
                  f"{models.count_parameters(model):,} parameters, precision {compute_dtype}, "
-                 f"lora={cfg.lora.enabled}, gradient_checkpointing={cfg.gradient_checkpointing}",
+                 f"lora={cfg.lora.enabled}, gradient_checkpointing={cfg.gradient_checkpointing}, "
+                 f"{world} rank(s){' ' + cfg.parallel.strategy if world > 1 else ''}",
                  step=start_step, examples_overlong=float(len(overlong)))
     # What the model is trained on, as a person would check it: the rendered conversation, loss part marked.
     samples = [{"text": tokenizer.decode(ex.input_ids),
@@ -286,10 +303,11 @@ def train(ctx: StageContext) -> dict[str, Any]:
     steps_per_epoch = max(1, len(rows_for_epoch(0)) // cfg.batch_size)
 
     def batch_at(step: int) -> Batch:
-        """The batch of step `step`: a pure function of (seed, step), so a resumed run replays the same data."""
+        """The batch of step `step`: a pure function of (seed, step), so a resumed run replays the same data.
+        Under N ranks, this rank's share of it (rows rank, rank+N, ...)."""
         epoch, k = divmod(step, steps_per_epoch)
         rows = rows_for_epoch(epoch)[k * cfg.batch_size:(k + 1) * cfg.batch_size]
-        return collate(rows, cfg.max_seq_len, tokenizer.pad_token_id)
+        return collate(distributed.shard(rows), cfg.max_seq_len, tokenizer.pad_token_id)
 
     t0, tokens_seen, loss_sum, loss_n = time.monotonic(), 0, 0.0, 0
     last_loss = float("nan")
@@ -301,29 +319,53 @@ def train(ctx: StageContext) -> dict[str, Any]:
         for group in optimizer.param_groups:
             group["lr"] = lr
         with autocast(device, compute_dtype):
-            loss, n_tok = response_loss(model, batch)
+            loss, n_tok = response_loss(trainer, batch)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if world > 1:
+            # The global token mean: this rank's token sum over all ranks' tokens, times N (DDP/FSDP average).
+            n_all = distributed.sum_over_ranks(n_tok)
+            (loss * (n_tok * world / max(n_all, 1))).backward()
+            step_loss = distributed.sum_over_ranks(loss.item() * n_tok) / max(n_all, 1)
+            n_tok = int(n_all)
+        else:
+            loss.backward()
+            step_loss = loss.item()
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in model.parameters() if p.requires_grad], cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         optimizer.step()
         tokens_seen += n_tok
-        loss_sum, loss_n, last_loss = loss_sum + loss.item(), loss_n + 1, loss.item()
+        loss_sum, loss_n, last_loss = loss_sum + step_loss, loss_n + 1, step_loss
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.max_steps:
             elapsed = time.monotonic() - t0
-            ctx.progress("train", step=done, loss=loss_sum / loss_n, lr=lr, grad_norm=float(grad_norm),
-                         response_tokens_per_s=tokens_seen / max(elapsed, 1e-9))
+            # Peak memory is monotone, so logging it every log_every steps loses nothing between logs.
+            ctx.progress("train", step=done, loss=loss_sum / loss_n, lr=lr, grad_norm=distributed.scalar(grad_norm),
+                         response_tokens_per_s=tokens_seen / max(elapsed, 1e-9),
+                         **distributed.peak_memory_metrics(device))
             loss_sum, loss_n = 0.0, 0
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.max_steps:
-            checkpointing.save(ctx.stage_uri, done, model, optimizer, tokenizer, keep_last=cfg.keep_checkpoints)
+            checkpointing.save(ctx.stage_uri, done, trainer, optimizer, tokenizer, keep_last=cfg.keep_checkpoints)
             ctx.progress(f"checkpoint step {done}")
 
     model.eval()
-    models.save_checkpoint(model, tokenizer, ctx.writer, "model")
+    parameters = models.count_parameters(model)  # DTensor shards report their global size
+    final = distributed.gathered_model(trainer, cfg.parallel.weight_sync_bucket_mb)  # None on ranks other than 0
+    if final is not None:
+        models.save_checkpoint(final, tokenizer, ctx.writer, "model")
     return {"steps": cfg.max_steps, "final_loss": last_loss, "examples": len(examples),
             "examples_overlong_dropped": len(overlong), "chat_template": fmt.uses_template,
-            "parameters": models.count_parameters(model), "resumed_from": start_step}
+            "parameters": parameters, "resumed_from": start_step, "world_size": world}
+
+
+def check_memory(model: Any, cfg: SFTConfig, device: torch.device, world: int) -> None:
+    """Refuse to start when weights, gradients and AdamW state cannot fit a rank (an estimate; no KV cache)."""
+    if not cfg.parallel.memory_check:
+        return
+    params = list(model.parameters())
+    estimate = distributed.estimate_memory(
+        sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad),
+        params[0].element_size(), world, cfg.parallel.strategy)
+    distributed.check_fits(estimate, distributed.device_capacity(device), cfg.parallel.memory_headroom, "sft")
 
 
 def cli(argv: list[str], prog: str = "posttrain sft") -> int:
