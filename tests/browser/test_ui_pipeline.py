@@ -41,14 +41,16 @@ def _trigger(browser, stack: Stack, token: str, *, rounds: int | None = None,
     browser.shot("form-opened")
     assert trigger.is_enabled(), "the form must open valid: Trigger is disabled"
     assert "error" not in browser.find("//*[@role='dialog']").text.lower()
+    # The per-stage config first: the UI rebuilds the run's conf from that editor's own copy when it changes,
+    # so fields set before it would be lost.
+    browser.open_section("Advanced")
+    browser.paste_into_code_editor("Per-stage config", json.dumps(OVERRIDES))
     if rounds is not None:
         browser.open_section("Reinforcement learning (GRPO rounds)")
         browser.set_number("RL rounds", rounds)
     if require_approval:
         browser.open_section("Evaluation and gate")
         browser.check("Require human approval")
-    browser.open_section("Advanced")
-    browser.paste_into_code_editor("Per-stage config", json.dumps(OVERRIDES))
     browser.shot("form-filled")
     assert trigger.is_enabled(), browser.find("//*[@role='dialog']").text
     trigger.click()
