@@ -149,7 +149,7 @@ def _champion_version(stack: Stack) -> str | None:
 def _answer_required_action(browser, stack: Stack, run_id: str, choice: str) -> None:
     """Wait for the approval under Required Actions, check it shows the verdict and table, click `choice`."""
     browser.driver.get(f"{stack.airflow_url}/dags/{DAG}/runs/{run_id}/tasks/approval/required_actions")
-    button = browser.wait_for(lambda: browser._first(f"//button[normalize-space()='{choice}']"), RUN_TIMEOUT_S,
+    button = browser.wait_for(lambda: browser._first(f"//button[@data-testid='hitl-option-{choice}']"), RUN_TIMEOUT_S,
                               "the approval never showed up under Required Actions", every_s=3,
                               refresh_every_s=15)
     page = browser.text()
