@@ -120,8 +120,10 @@ def _distractor(tasks: list[Task], rng: random.Random, tokenizer: Any, budget: i
     return "".join(parts)
 
 
-def context_limit(model: Any) -> int | None:
-    cfg = getattr(model, "config", None)
+def context_limit(model_or_config: Any) -> int | None:
+    """The model's position limit (GPT-2's n_positions, max_position_embeddings elsewhere), from a model or its
+    config; None when it names none."""
+    cfg = getattr(model_or_config, "config", model_or_config)
     return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
 
 

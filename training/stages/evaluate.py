@@ -98,7 +98,7 @@ def open_engine(spec: str, cache: Path, cfg: EvalConfig) -> tuple[Any, Any, Prom
         engine = VLLMRolloutEngine(str(cache), tok, stop_ids=fmt.stop_ids, seed=cfg.seed,
                                    gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
                                    max_model_len=cfg.vllm_max_model_len or None)
-        return engine, tok, fmt, cfg.vllm_max_model_len or context_limit_of(AutoConfig.from_pretrained(str(cache)))
+        return engine, tok, fmt, cfg.vllm_max_model_len or context_limit(AutoConfig.from_pretrained(str(cache)))
     dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
     model, tok = models.load_model(spec, MODEL_SUBDIR, dtype=dtype, cache_dir=cache)
     model.to(device).eval()
@@ -106,8 +106,6 @@ def open_engine(spec: str, cache: Path, cfg: EvalConfig) -> tuple[Any, Any, Prom
     return HFRolloutEngine(model, tok, batch_size=cfg.batch_size, stop_ids=fmt.stop_ids), tok, fmt, context_limit(model)
 
 
-def context_limit_of(config: Any) -> int | None:
-    return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
 
 
 def body(ctx: StageContext) -> dict[str, Any]:

@@ -333,8 +333,9 @@ def prompt_limit(cfg_limit: int, model: Any, max_new_tokens: int) -> int:
     """max_prompt_tokens, or the model's context minus the completion budget when 0."""
     if cfg_limit:
         return cfg_limit
-    config = getattr(model, "config", None)
-    context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None) or 0
+    from training.evaluation.measure import context_limit
+
+    context = context_limit(model)
     return max(1, int(context) - max_new_tokens) if context else 1 << 30
 
 
@@ -682,8 +683,9 @@ def check_memory(model: Any, ref_model: Any | None, cfg: GRPOConfig, device: tor
     if not cfg.parallel.memory_check:
         return
     params = list(model.parameters())
-    context = int(getattr(model.config, "n_positions", 0) or getattr(model.config, "max_position_embeddings", 0)
-                  or prompt_tokens + cfg.max_new_tokens)
+    from training.evaluation.measure import context_limit
+
+    context = int(context_limit(model) or prompt_tokens + cfg.max_new_tokens)
     rows = min(cfg.rollout_batch_size, -(-cfg.prompts_per_step // world) * cfg.samples_per_prompt)
     kv = 0.0 if engine_name != "hf" else distributed.kv_cache_bytes(
         model.config, rows, min(context, prompt_tokens + cfg.max_new_tokens), params[0].element_size())
