@@ -63,6 +63,60 @@ def s3_run_uri(local_stack: Stack) -> str:
     return f"s3://posttrain/test-runs/{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture(scope="session")
+def aws_semantics_s3() -> str:
+    """A second S3 server, moto's, for the few behaviours the embedded s3rver does not emulate.
+
+    AWS and MinIO give a completed multipart upload a composite ETag (`<md5>-<parts>`) and list unfinished
+    uploads (ListMultipartUploads); s3rver does neither. Tests of our multipart path against those semantics use
+    this server, started as a real process and spoken to with boto3 like the stack's. Returns its endpoint URL.
+    """
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/moto-api/", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto server did not start on {url}") from None
+            time.sleep(0.2)
+    try:
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def aws_s3_run_uri(aws_semantics_s3: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh run URI on the moto server; the environment points storage (and any child process) at it."""
+    import boto3
+
+    from training import storage
+
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL_S3": aws_semantics_s3}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    client = boto3.client("s3", endpoint_url=aws_semantics_s3, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    try:
+        client.create_bucket(Bucket="posttrain")
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    storage._s3_backend.cache_clear()
+    yield f"s3://posttrain/test-runs/{uuid.uuid4().hex[:12]}"
+    storage._s3_backend.cache_clear()
+
+
 @pytest.fixture
 def file_run_uri(tmp_path: Path) -> str:
     return f"file://{tmp_path / 'runs' / uuid.uuid4().hex[:12]}"

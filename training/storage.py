@@ -267,7 +267,10 @@ class S3Backend:
                         f"delete s3://{self.bucket}/{key}")
 
     def abort_incomplete_uploads(self, prefix: str = "") -> int:
-        """Abort multipart uploads left by killed writers (they are invisible to readers, but cost space)."""
+        """Abort multipart uploads left by killed writers (they are invisible to readers, but cost space).
+
+        Needs ListMultipartUploads (AWS, MinIO); the embedded dev server, s3rver, does not implement it.
+        """
         resp = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=prefix)
         uploads = resp.get("Uploads", [])
         for up in uploads:

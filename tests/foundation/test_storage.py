@@ -102,7 +102,9 @@ def test_invalid_names_rejected(file_run_uri: str) -> None:
 
 
 @pytest.mark.slow
-def test_200mb_multipart_round_trip(local_stack, s3_run_uri: str, tmp_path: Path) -> None:
+def test_200mb_multipart_round_trip(aws_s3_run_uri: str, tmp_path: Path) -> None:
+    """On a server with AWS's multipart semantics (moto; MinIO and AWS behave alike) the object is one upload."""
+    s3_run_uri = aws_s3_run_uri
     big = tmp_path / "big.bin"
     block = os.urandom(1024 * 1024)
     with open(big, "wb") as f:
@@ -137,7 +139,8 @@ WRITER = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["s3", "file"])
 def test_sigkill_mid_upload_leaves_nothing_a_reader_accepts(scheme, request, tmp_path: Path) -> None:
-    run_uri = request.getfixturevalue("s3_run_uri" if scheme == "s3" else "file_run_uri")
+    # s3 runs on moto: it lists unfinished multipart uploads, which the embedded s3rver cannot.
+    run_uri = request.getfixturevalue("aws_s3_run_uri" if scheme == "s3" else "file_run_uri")
     stage_uri = storage.join(run_uri, "sft")
     big = tmp_path / "big.bin"
     with open(big, "wb") as f:
