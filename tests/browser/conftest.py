@@ -44,6 +44,9 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory):
     if reuse:
         stack = Stack(Path(reuse))
     else:
+        # The DAG files do not change during the tests: parse them once, not every 30 s (each parse is a
+        # process that imports the DAGs, CPU the runs need on 2 cores).
+        os.environ["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"] = "600"
         stack = Stack(tmp_path_factory.mktemp("ui-stack"),
                       ports={"s3": free_port(), "mlflow": free_port(), "airflow": free_port()})
         stack.up(quiet=True)

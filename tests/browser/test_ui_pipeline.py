@@ -62,8 +62,16 @@ def _trigger(browser, stack: Stack, token: str, *, rounds: int | None = None,
 
 
 def _wait_for_run_in_grid(browser, stack: Stack, run_id: str, until: tuple[str, ...] = ("Success", "Failed"),
-                          timeout_s: float = RUN_TIMEOUT_S) -> str:
-    """Watch the run's page (grid beside the task list) until its state badge reads one of `until`."""
+                          timeout_s: float = RUN_TIMEOUT_S, token: str | None = None) -> str:
+    """Watch the run's page (grid beside the task list) until its state badge reads one of `until`.
+
+    With `token`, the run's end is awaited through the API first and the page opened after: the UI's polling
+    costs a third of a core for as long as it is open, which the run's own stages need on 2 cores.
+    """
+    if token is not None:
+        browser.driver.get("about:blank")
+        browser.wait_for(lambda: api(stack.airflow_url, token, f"dags/{DAG}/dagRuns/{quote(run_id)}")["state"]
+                         in ("success", "failed"), timeout_s, f"run {run_id} never ended", every_s=5)
     browser.driver.get(f"{stack.airflow_url}/dags/{DAG}/runs/{run_id}")
 
     def state() -> str | None:
@@ -146,17 +154,32 @@ def _champion_version(stack: Stack) -> str | None:
         return None
 
 
-def _answer_required_action(browser, stack: Stack, run_id: str, choice: str) -> None:
-    """Wait for the approval under Required Actions, check it shows the verdict and table, click `choice`."""
-    browser.driver.get(f"{stack.airflow_url}/dags/{DAG}/runs/{run_id}/tasks/approval/required_actions")
-    button = browser.wait_for(lambda: browser._first(f"//button[@data-testid='hitl-option-{choice}']"), RUN_TIMEOUT_S,
-                              "the approval never showed up under Required Actions", every_s=3,
-                              refresh_every_s=15)
+def _answer_required_action(browser, stack: Stack, token: str, run_id: str, choice: str) -> None:
+    """Once the approval waits for input, open it under Required Actions, check it shows the verdict and the
+    table, and click `choice`.
+
+    The page is opened only then, as a person opens it from the run: before the task asks, the UI has no
+    Required Action tab and sends that address to the task's logs, where reloading would never bring it back.
+    """
+    path = f"dags/{DAG}/dagRuns/{quote(run_id)}/taskInstances/approval"
+    browser.driver.get("about:blank")  # nothing to see until then; the UI's polling would take CPU from the run
+    browser.wait_for(lambda: api(stack.airflow_url, token, path)["state"] == "awaiting_input", RUN_TIMEOUT_S,
+                     "the approval task never asked for input", every_s=5)
+    url = f"{stack.airflow_url}/dags/{DAG}/runs/{run_id}/tasks/approval/required_actions"
+
+    def button():
+        if not browser.driver.current_url.endswith("/required_actions"):
+            browser.driver.get(url)
+        return browser._first(f"//button[@data-testid='hitl-option-{choice}']")
+
+    browser.driver.get(url)
+    found = browser.wait_for(button, 120, "the approval's buttons never showed under Required Actions")
     page = browser.text()
     assert "Gate verdict: promote" in page and "domain" in page and "candidate" in page, page
     browser.shot("required-action")
-    button.click()
-    time.sleep(2)
+    found.click()
+    browser.wait_for(lambda: api(stack.airflow_url, token, path)["state"] != "awaiting_input", 120,
+                     f"clicking {choice} did not answer the approval")
     browser.shot(f"after-{choice}")
 
 
@@ -167,8 +190,8 @@ def test_approval_in_the_ui(browser, ui_stack, airflow_token, choice) -> None:
     before = _champion_version(ui_stack)
     run_id, conf = _trigger(browser, ui_stack, airflow_token, rounds=1, require_approval=True)
     assert conf["require_approval"] is True and conf["rounds"] == 1
-    _answer_required_action(browser, ui_stack, run_id, choice)
-    assert _wait_for_run_in_grid(browser, ui_stack, run_id) == "Success"
+    _answer_required_action(browser, ui_stack, airflow_token, run_id, choice)
+    assert _wait_for_run_in_grid(browser, ui_stack, run_id, token=airflow_token) == "Success"
     states = _task_states(browser, ui_stack, run_id)
     after = _champion_version(ui_stack)
     if choice == "Approve":
