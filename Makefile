@@ -32,11 +32,10 @@ lint: install
 	$(VENV)/bin/mypy
 
 # pytest exits 5 when it collects nothing; make propagates every non-zero exit, so that fails too.
-# The browser tests (tests/browser, marker `browser`) run apart until they are green on a clean machine: their
-# first fresh-clone run failed while the suite was being finished, and a red `make test` blocks every landing.
 test: lint
-	$(PY) -m pytest -m "not browser" $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Only the browser tests (tests/browser): the UI through headless Chromium on the whole embedded stack.
 test-browser: install
 	$(PY) -m pytest -m browser $(PYTEST_ARGS)
 
