@@ -64,3 +64,32 @@ def test_improvement_promoted_and_alias_moves(file_run_uri, local_mlflow, capsys
     assert promotion == {"model_name": "m-good", "version": "1", "alias": "champion", "source": cand_uri}
     out = capsys.readouterr().out
     assert json.loads(out.strip().splitlines()[-1].split(" ", 1)[1])["summary"]["version"] == "1"
+
+
+def _full_model(pass1: float, fmt: float, long_ctx: float) -> dict:
+    """A model report with the dimensions the gate reads, 100 holdout tasks per domain."""
+    return {"uri": "", "domains": {d: {
+        "pass1": {"passed": round(pass1 * 100), "total": 100},
+        "format": {"passed": round(fmt * 100), "total": 100}, "format_rate": fmt,
+        "long_context_sweep": [{"fraction": f, "passed": round(long_ctx * 40), "total": 40} for f in (0.25, 0.5)],
+        "long_context": {"passed": round(long_ctx * 40), "total": 40, "consistency": None}}
+        for d in ("math", "code")}}
+
+
+def test_verdict_names_rule_and_numbers_for_each_planted_case(file_run_uri, local_mlflow) -> None:
+    # better pass@1, collapsed format and long context: blocked on format by default
+    _plant(file_run_uri, {"models": {"candidate": _full_model(0.60, 0.30, 0.10),
+                                     "sft": _full_model(0.45, 0.95, 0.40)}})
+    assert cli.main(["gate", "--run", file_run_uri, "--set", 'metrics=["pass1", "format", "long_context"]']) == 0
+    verdict = _verdict(file_run_uri)
+    assert verdict["decision"] == "block"
+    assert sorted((f["rule"], f["metric"], f["domain"]) for f in verdict["findings"]) == [
+        ("regression", "format", "code"), ("regression", "format", "math"),
+        ("regression", "long_context", "code"), ("regression", "long_context", "math")]
+    lc = next(f for f in verdict["findings"] if f["metric"] == "long_context")
+    assert lc["numbers"]["candidate"] == 0.10 and lc["numbers"]["reference"] == 0.40  # summed over the sweep
+    assert all("[rule regression, " in r for r in verdict["reasons"])
+    checks = {(c["rule"], c["metric"], c["domain"]): c["decision"] for c in verdict["checks"]}
+    assert checks[("regression", "pass1", "math")] == "pass"
+    md = storage.read_bytes(storage.require_manifest(storage.join(file_run_uri, "gate")), "verdict.md").decode()
+    assert md.startswith("# Gate: BLOCK") and "| regression | sft | math | long_context | **block** |" in md
