@@ -49,7 +49,7 @@ LOSS_AGG_LABELS = {
 ENGINE_LABELS = {name: f"{name}: {what}" for name, what in ENGINES.items()}
 # The dimensions the gate can compare (gate_rules is torch-free, so the scheduler may import it).
 GATE_METRICS = METRIC_LABELS
-DOMAINS = ("math", "code", "extraction")
+DOMAINS = ("math", "code", "extraction", "instruction")
 # Stage names a per-stage override may address ("rl_round" applies to every round).
 OVERRIDE_STAGES = ("taskset", "sft", "rl_round", *(f"rl_round_{n}" for n in range(1, MAX_ROUNDS + 1)),
                    "evaluate", "gate", "promote")
@@ -72,7 +72,7 @@ def build_params(max_rounds: int = MAX_ROUNDS) -> dict[str, Param]:
         "mix": Param(
             None, type=["null", "object"], title="Domains and ratios", section=SECTION_DATA, **_mix_schema(),
             description_md='Train-set and RL prompt mix as ratios between 0 and 1 per domain (`math`, `code`, '
-                           '`extraction`), e.g. `{"math": 0.5, "code": 0.25, "extraction": 0.25}`. '
+                           '`extraction`, `instruction`), e.g. `{"math": 0.5, "code": 0.25, "extraction": 0.25}`. '
                            'Empty: the profile\'s mix.'),
         "seed": Param(
             0, type="integer", minimum=0, maximum=2**31 - 1, title="Seed", section=SECTION_DATA,
