@@ -107,8 +107,9 @@ def _n_tokens(tokenizer: Any, text: str) -> int:
     return len(tokenizer(text)["input_ids"])
 
 
-def _distractor(tasks: list[Task], rng: random.Random, tokenizer: Any, budget: int) -> str:
-    """Other tasks (prompt + reference) as filler, as many as fit in `budget` tokens."""
+def distractor_text(tasks: list[Task], rng: random.Random, tokenizer: Any, budget: int) -> str:
+    """Other tasks (prompt + reference) as filler, as many as fit in `budget` tokens (evaluation's long-context
+    sweep, and SFT's long-context examples)."""
     parts, used = [], 0
     for _ in range(4 * max(budget, 1)):
         other = tasks[rng.randrange(len(tasks))]
@@ -210,7 +211,7 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
         long_prompts = []
         for i in long_idx:
             budget = target if max_prompt is None else min(target, max_prompt - len(prompts[i]))
-            long_prompts.append(fmt.prompt_ids(tasks[i], prefix=_distractor(tasks, rng, tokenizer, budget)))
+            long_prompts.append(fmt.prompt_ids(tasks[i], prefix=distractor_text(tasks, rng, tokenizer, budget)))
         long_out = [o[0].text for o in engine.generate(long_prompts, 1, cfg.max_new_tokens, temperature=0.0,
                                                         seed=cfg.seed)] if long_prompts else []
         sweep.append(dict(zip(long_idx, verify_tasks([tasks[i] for i in long_idx], long_out))))
