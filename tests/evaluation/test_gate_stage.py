@@ -93,3 +93,21 @@ def test_verdict_names_rule_and_numbers_for_each_planted_case(file_run_uri, loca
     assert checks[("regression", "pass1", "math")] == "pass"
     md = storage.read_bytes(storage.require_manifest(storage.join(file_run_uri, "gate")), "verdict.md").decode()
     assert md.startswith("# Gate: BLOCK") and "| regression | sft | math | long_context | **block** |" in md
+
+
+def test_metric_counts_read_every_dimension() -> None:
+    from training.evaluation.gate_rules import Counts
+    from training.stages.gate import metric_counts
+
+    report = {"domains": {
+        "code": {"pass1": {"passed": 30, "total": 50}, "pass1_strict": {"passed": 28, "total": 50},
+                 "format_rate": 0.9,  # an older report: the rate only -> 45/50
+                 "long_context": {"passed": 7, "total": 20, "consistency": 0.5},
+                 "self_repair": {"failed_first": 20, "repaired_within": {"1": 4, "2": 6}}},
+        "math": {"pass1": {"passed": 10, "total": 40}, "format": {"passed": 38, "total": 40},
+                 "long_context_sweep": [{"fraction": 0.1, "passed": 5, "total": 10},
+                                        {"fraction": 0.5, "passed": 1, "total": 10}]}}}
+    assert metric_counts(report, "pass1_strict") == {"code": Counts(28, 50)}
+    assert metric_counts(report, "format") == {"code": Counts(45, 50), "math": Counts(38, 40)}
+    assert metric_counts(report, "long_context") == {"code": Counts(7, 20), "math": Counts(6, 20)}
+    assert metric_counts(report, "self_repair") == {"code": Counts(36, 50)}  # 30 first + 6 within 2 turns
