@@ -18,6 +18,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
+from training.evaluation.gate_rules import METRIC_LABELS
 from training.profiles import PROFILES
 from training.rollout import ENGINES
 
@@ -46,7 +47,9 @@ LOSS_AGG_LABELS = {
     "seq-mean-token-sum": "sequence mean of token sums",
 }
 ENGINE_LABELS = {name: f"{name}: {what}" for name, what in ENGINES.items()}
-DOMAINS = ("math", "code", "extraction")
+# The dimensions the gate can compare (gate_rules is torch-free, so the scheduler may import it).
+GATE_METRICS = METRIC_LABELS
+DOMAINS = ("math", "code", "extraction", "instruction")
 # Stage names a per-stage override may address ("rl_round" applies to every round).
 OVERRIDE_STAGES = ("taskset", "sft", "rl_round", *(f"rl_round_{n}" for n in range(1, MAX_ROUNDS + 1)),
                    "evaluate", "gate", "promote")
@@ -69,7 +72,7 @@ def build_params(max_rounds: int = MAX_ROUNDS) -> dict[str, Param]:
         "mix": Param(
             None, type=["null", "object"], title="Domains and ratios", section=SECTION_DATA, **_mix_schema(),
             description_md='Train-set and RL prompt mix as ratios between 0 and 1 per domain (`math`, `code`, '
-                           '`extraction`), e.g. `{"math": 0.5, "code": 0.25, "extraction": 0.25}`. '
+                           '`extraction`, `instruction`), e.g. `{"math": 0.5, "code": 0.25, "extraction": 0.25}`. '
                            'Empty: the profile\'s mix.'),
         "seed": Param(
             0, type="integer", minimum=0, maximum=2**31 - 1, title="Seed", section=SECTION_DATA,
@@ -121,6 +124,28 @@ def build_params(max_rounds: int = MAX_ROUNDS) -> dict[str, Param]:
             24, type="number", exclusiveMinimum=0, maximum=24 * 14, title="Approval timeout (hours)",
             section=SECTION_GATE,
             description_md="How long the approval waits (above 0, at most 14 days); then it counts as a reject."),
+        "gate_metrics": Param(
+            None, type=["null", "array"], items={"type": "string", "enum": list(GATE_METRICS)}, uniqueItems=True,
+            title="Gated dimensions", section=SECTION_GATE,
+            description_md="Which evaluation dimensions block a credible drop against the champion and the SFT "
+                           "model, per domain: " + ", ".join(f"`{k}` ({v})" for k, v in GATE_METRICS.items())
+                           + ". Empty: the gate's default, `[\"pass1\", \"format\"]`."),
+        "noninferiority_margin": Param(
+            None, type=["null", "number"], minimum=0, maximum=0.5, title="Non-inferiority margin",
+            section=SECTION_GATE,
+            description_md="Largest pass@1 loss per domain (a fraction: `0.03` = 3 points) the candidate must "
+                           "*show* it stays within, one-sided at 95%, Holm-corrected across domains. Too little "
+                           "evidence blocks, so it needs large holdouts. 0 or empty: off."),
+        "max_kl": Param(
+            None, type=["null", "number"], minimum=0, maximum=100, title="Max KL to the reference",
+            section=SECTION_GATE,
+            description_md="Block when the last RL round's mean per-token KL to the reference model exceeds this "
+                           "(nats). 0 or empty: off."),
+        "min_entropy_ratio": Param(
+            None, type=["null", "number"], minimum=0, maximum=1, title="Min entropy ratio",
+            section=SECTION_GATE,
+            description_md="Block when the last RL round's mean token entropy falls below this share of the first "
+                           "round's (a collapsed policy), between 0 and 1. 0 or empty: off."),
         # ----- advanced --------------------------------------------------------------------------------------
         "run_root": Param(
             DEFAULT_RUN_ROOT, type="string", pattern=r"^(s3|file)://\S+$", title="Run root URI",

@@ -54,10 +54,14 @@ def stage_config(stage: str, params: dict[str, Any]) -> str:
                   "beta": params.get("kl_coef"), "domain_weights": params.get("mix"),
                   "advantage": params.get("advantage"), "loss_agg": params.get("loss_agg"),
                   "rollout_engine": params.get("rollout_engine")}
+    elif stage == "gate":
+        picked = {"metrics": params.get("gate_metrics"), "noninferiority_margin": params.get("noninferiority_margin"),
+                  "max_kl": params.get("max_kl"), "min_entropy_ratio": params.get("min_entropy_ratio")}
     else:
         picked = {}
-    cfg = {"seed": seed, **{k: v for k, v in picked.items() if v is not None}} if stage in (
-        "taskset", "sft", "evaluate") or stage.startswith("rl_round") else {}
+    chosen = {k: v for k, v in picked.items() if v is not None}
+    cfg = {"seed": seed, **chosen} if stage in ("taskset", "sft", "evaluate") or stage.startswith("rl_round") \
+        else chosen
     # A named base model gets the pretrained-model preset of its size; otherwise the profile's (tiny).
     cfg = {**preset(params.get("profile") or "tiny", stage, params.get("base_model") or ""), **cfg}
     overrides = params.get("stage_overrides") or {}

@@ -64,3 +64,50 @@ def test_improvement_promoted_and_alias_moves(file_run_uri, local_mlflow, capsys
     assert promotion == {"model_name": "m-good", "version": "1", "alias": "champion", "source": cand_uri}
     out = capsys.readouterr().out
     assert json.loads(out.strip().splitlines()[-1].split(" ", 1)[1])["summary"]["version"] == "1"
+
+
+def _full_model(pass1: float, fmt: float, long_ctx: float) -> dict:
+    """A model report with the dimensions the gate reads, 100 holdout tasks per domain."""
+    return {"uri": "", "domains": {d: {
+        "pass1": {"passed": round(pass1 * 100), "total": 100},
+        "format": {"passed": round(fmt * 100), "total": 100}, "format_rate": fmt,
+        "long_context_sweep": [{"fraction": f, "passed": round(long_ctx * 40), "total": 40} for f in (0.25, 0.5)],
+        "long_context": {"passed": round(long_ctx * 40), "total": 40, "consistency": None}}
+        for d in ("math", "code")}}
+
+
+def test_verdict_names_rule_and_numbers_for_each_planted_case(file_run_uri, local_mlflow) -> None:
+    # better pass@1, collapsed format and long context: blocked on format by default
+    _plant(file_run_uri, {"models": {"candidate": _full_model(0.60, 0.30, 0.10),
+                                     "sft": _full_model(0.45, 0.95, 0.40)}})
+    assert cli.main(["gate", "--run", file_run_uri, "--set", 'metrics=["pass1", "format", "long_context"]']) == 0
+    verdict = _verdict(file_run_uri)
+    assert verdict["decision"] == "block"
+    assert sorted((f["rule"], f["metric"], f["domain"]) for f in verdict["findings"]) == [
+        ("regression", "format", "code"), ("regression", "format", "math"),
+        ("regression", "long_context", "code"), ("regression", "long_context", "math")]
+    lc = next(f for f in verdict["findings"] if f["metric"] == "long_context")
+    assert lc["numbers"]["candidate"] == 0.10 and lc["numbers"]["reference"] == 0.40  # summed over the sweep
+    assert all("[rule regression, " in r for r in verdict["reasons"])
+    checks = {(c["rule"], c["metric"], c["domain"]): c["decision"] for c in verdict["checks"]}
+    assert checks[("regression", "pass1", "math")] == "pass"
+    md = storage.read_bytes(storage.require_manifest(storage.join(file_run_uri, "gate")), "verdict.md").decode()
+    assert md.startswith("# Gate: BLOCK") and "| regression | sft | math | long_context | **block** |" in md
+
+
+def test_metric_counts_read_every_dimension() -> None:
+    from training.evaluation.gate_rules import Counts
+    from training.stages.gate import metric_counts
+
+    report = {"domains": {
+        "code": {"pass1": {"passed": 30, "total": 50}, "pass1_strict": {"passed": 28, "total": 50},
+                 "format_rate": 0.9,  # an older report: the rate only -> 45/50
+                 "long_context": {"passed": 7, "total": 20, "consistency": 0.5},
+                 "self_repair": {"failed_first": 20, "repaired_within": {"1": 4, "2": 6}}},
+        "math": {"pass1": {"passed": 10, "total": 40}, "format": {"passed": 38, "total": 40},
+                 "long_context_sweep": [{"fraction": 0.1, "passed": 5, "total": 10},
+                                        {"fraction": 0.5, "passed": 1, "total": 10}]}}}
+    assert metric_counts(report, "pass1_strict") == {"code": Counts(28, 50)}
+    assert metric_counts(report, "format") == {"code": Counts(45, 50), "math": Counts(38, 40)}
+    assert metric_counts(report, "long_context") == {"code": Counts(7, 20), "math": Counts(6, 20)}
+    assert metric_counts(report, "self_repair") == {"code": Counts(36, 50)}  # 30 first + 6 within 2 turns

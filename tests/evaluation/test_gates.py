@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.evaluation.gate_rules import Counts, decide, diff_interval, wilson_interval
+from training.evaluation.gate_rules import Counts, decide, diff_interval, holm, noninferiority_p, wilson_interval
 from training.stages.gate import GateConfig
 
 
@@ -76,3 +76,126 @@ def test_genuine_improvement_promotes() -> None:
 def test_too_few_holdout_tasks_block() -> None:
     verdict = decide({"math": Counts(5, 10)}, {"sft": {"math": Counts(4, 10)}}, [], None, CFG)
     assert not verdict.promote and verdict.findings[0].rule == "insufficient_data"
+
+
+# ----- non-inferiority, Holm, the other dimensions, KL/entropy (issue 16) -------------------------------------
+def test_holm_hand_computed() -> None:
+    # sorted 0.01, 0.03, 0.04 (m = 3): 3*0.01 = 0.03; 2*0.03 = 0.06; 1*0.04 = 0.04 -> kept monotone at 0.06
+    assert holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
+    assert holm({"a": 0.6, "b": 0.5}) == pytest.approx({"a": 1.0, "b": 1.0})  # 2*0.5 = 1; 0.6 -> max(1, 0.6)
+    assert holm({}) == {}
+
+
+def test_noninferiority_p_hand_computed() -> None:
+    # 49/98 vs 49/98: Agresti-Caffo p = 50/100 = 0.5 each; se = sqrt(2 * 0.25/100) = 0.0707107;
+    # margin 0.1: z = 0.1/0.0707107 = 1.41421, P(Z > 1.41421) = 0.078650
+    assert noninferiority_p(49, 98, 49, 98, 0.10) == pytest.approx(0.078650, abs=1e-5)
+    # 48/98 vs 58/98: 0.49 vs 0.59, se = sqrt(0.49*0.51/100 + 0.59*0.41/100) = 0.0701284;
+    # z = (-0.10 + 0.05)/0.0701284 = -0.712978, P(Z > -0.712978) = 0.762066
+    assert noninferiority_p(48, 98, 58, 98, 0.05) == pytest.approx(0.762066, abs=1e-5)
+    assert noninferiority_p(0, 0, 5, 10, 0.05) == 1.0
+
+
+NI = GateConfig(tolerance=0.05, min_samples=20, noninferiority_margin=0.02, metrics=["pass1"])
+
+
+def test_three_points_worse_with_tight_intervals_blocked_by_noninferiority() -> None:
+    ref = {d: Counts(3000, 5000) for d in ("math", "code", "extraction")}  # 60% on 5000 tasks each
+    cand = {d: Counts(2850, 5000) for d in ref}  # 57%: 3 points worse everywhere
+    # the regression rule alone (5-point tolerance here) lets it through...
+    assert decide(cand, {"sft": ref}, [], None, GateConfig(tolerance=0.05, metrics=["pass1"])).promote
+    # ...non-inferiority with a 2-point margin does not: each p ~ 0.84 (see the hand computation above)
+    verdict = decide(cand, {"sft": ref}, [], None, NI)
+    assert not verdict.promote
+    assert [(f.rule, f.domain) for f in verdict.findings] == [
+        ("non_inferiority", "code"), ("non_inferiority", "extraction"), ("non_inferiority", "math")]
+    f = verdict.findings[0]
+    assert f.numbers["margin"] == 0.02 and f.numbers["p"] == pytest.approx(0.84476, abs=1e-4)
+    assert f.numbers["p_adjusted"] == 1.0  # Holm: the smallest of 3 equal p-values times 3, capped at 1
+    assert "non-inferiority margin 2.0 pts" in f.message and "[rule non_inferiority, pass1]" in f.message
+
+
+def test_three_points_worse_with_wide_intervals_no_longer_promotes() -> None:
+    champion, candidate = {"math": Counts(60, 100)}, {"math": Counts(57, 100)}
+    verdict = decide(candidate, {"champion": champion}, [], None, GateConfig(noninferiority_margin=0.02))
+    assert not verdict.promote and verdict.findings[0].rule == "non_inferiority"
+
+
+def test_noninferiority_holm_and_per_domain_margins() -> None:
+    ref = {"math": Counts(500, 1000), "code": Counts(500, 1000)}
+    cand = {"math": Counts(520, 1000), "code": Counts(500, 1000)}
+    cfg = GateConfig(noninferiority_margin=0.05, noninferiority_margins={"code": 0.04}, metrics=["pass1"])
+    checks = [c for c in decide(cand, {"sft": ref}, [], None, cfg).checks if c.rule == "non_inferiority"]
+    by = {c.domain: c.numbers for c in checks}
+    assert by["code"]["margin"] == 0.04 and by["math"]["margin"] == 0.05
+    raw = {d: noninferiority_p(cand[d].passed, 1000, ref[d].passed, 1000, by[d]["margin"]) for d in by}
+    assert {d: n["p_adjusted"] for d, n in by.items()} == pytest.approx(holm(raw))
+    assert all(c.decision == "pass" for c in checks)  # 0.5 vs 0.5 at 1000 each shows a 4-point margin
+    no_holm = GateConfig(**{**cfg.to_dict(), "multiple_testing": "none"})
+    assert sorted(c.numbers["p_adjusted"] for c in decide(cand, {"sft": ref}, [], None, no_holm).checks
+                  if c.rule == "non_inferiority") == pytest.approx(sorted(raw.values()))
+
+
+def _dims(metric: str, cand: dict[str, Counts], ref: dict[str, Counts]) -> dict:
+    return {metric: {"candidate": cand, "sft": ref}}
+
+
+def test_format_collapse_blocked_by_default() -> None:
+    same = _counts(math=0.50, code=0.40)
+    fmt_ref, fmt_cand = _counts(math=0.95, code=0.90), _counts(math=0.30, code=0.90)
+    verdict = decide(same, {"sft": same}, [], None, CFG, _dims("format", fmt_cand, fmt_ref))
+    assert not verdict.promote
+    assert [(f.rule, f.metric, f.domain) for f in verdict.findings] == [("regression", "format", "math")]
+    assert verdict.reasons[0].startswith("math: format rate 0.300 vs sft 0.950 (-65.0 pts")
+    assert verdict.reasons[0].endswith("[rule regression, format]")
+
+
+def test_better_pass1_worse_long_context_blocked_only_when_that_gate_is_on() -> None:
+    sft, cand = _counts(math=0.40, code=0.40), _counts(math=0.55, code=0.45)
+    lc_ref, lc_cand = _counts(math=0.40, code=0.35), _counts(math=0.10, code=0.35)
+    dims = _dims("long_context", lc_cand, lc_ref)
+    assert decide(cand, {"sft": sft}, [], None, CFG, dims).promote  # default metrics: pass1, format
+    on = GateConfig(min_samples=20, metrics=["pass1", "format", "long_context"])
+    verdict = decide(cand, {"sft": sft}, [], None, on, dims)
+    assert not verdict.promote
+    (f,) = verdict.findings
+    assert (f.rule, f.metric, f.domain) == ("regression", "long_context", "math")
+    assert f.numbers["candidate"] == 0.10 and f.numbers["reference"] == 0.40 and f.numbers["diff_hi"] < 0
+    assert "long-context pass@1 0.100 vs sft 0.400 (-30.0 pts" in f.message
+
+
+def test_kl_and_entropy_sanity() -> None:
+    same = _counts(math=0.5)
+    rounds = [{"kl_ref_mean": 0.02, "entropy_mean": 1.2}, {"kl_ref_mean": 0.35, "entropy_mean": 0.05}]
+    assert decide(same, {"sft": same}, [], None, CFG, rounds=rounds).promote  # both bounds off by default
+    cfg = GateConfig(min_samples=20, max_kl=0.1, min_entropy_ratio=0.25)
+    verdict = decide(same, {"sft": same}, [], None, cfg, rounds=rounds)
+    assert [(f.rule, f.metric) for f in verdict.findings] == [("kl_entropy", "kl"), ("kl_entropy", "entropy")]
+    assert verdict.findings[0].numbers == {"kl_last": 0.35, "max_kl": 0.1}
+    assert verdict.findings[1].numbers["ratio"] == pytest.approx(0.05 / 1.2)
+    assert "1.200 -> 0.050 nats/token" in verdict.findings[1].message
+    fine = [{"kl_ref_mean": 0.02, "entropy_mean": 1.2}, {"kl_ref_mean": 0.05, "entropy_mean": 0.9}]
+    assert decide(same, {"sft": same}, [], None, cfg, rounds=fine).promote
+    skipped = decide(same, {"sft": same}, [], None, cfg, rounds=[]).checks
+    assert {c.decision for c in skipped if c.rule == "kl_entropy"} == {"skip"}
+
+
+def test_every_rule_decision_is_recorded_with_numbers() -> None:
+    sft, cand = _counts(math=0.30, code=0.20), _counts(math=0.50, code=0.21)
+    verdict = decide(cand, {"sft": sft}, [0.3, 0.5], sft, GateConfig(min_samples=20, noninferiority_margin=0.1),
+                     _dims("format", cand, sft)).to_dict()
+    assert verdict["decision"] == "promote"
+    rules = {(c["rule"], c["metric"], c["domain"]): c["decision"] for c in verdict["checks"]}
+    assert rules[("regression", "pass1", "math")] == "pass" and rules[("regression", "format", "code")] == "pass"
+    assert rules[("non_inferiority", "pass1", "code")] == "pass"
+    assert rules[("reward_hacking", "pass1", "math")] == "pass"
+    assert all(c["numbers"] for c in verdict["checks"] if c["decision"] != "skip")
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="unknown gate metrics"):
+        GateConfig(metrics=["pass1", "vibes"])
+    with pytest.raises(ValueError, match="margins must be in"):
+        GateConfig(noninferiority_margins={"math": 1.5})
+    with pytest.raises(ValueError, match="multiple_testing"):
+        GateConfig(multiple_testing="bonferroni")

@@ -76,6 +76,14 @@ def test_stage_configs_from_params() -> None:
         **TINY["rl_round"], "seed": 0}
     assert json.loads(stage_config("sft", {"base_model": "", "profile": "data"})) == {"seed": 0}
     assert json.loads(stage_config("gate", params)) == {}
+    gate = {**params, "gate_metrics": ["pass1", "long_context"], "noninferiority_margin": 0.03, "max_kl": 0.5,
+            "min_entropy_ratio": None}
+    assert json.loads(stage_config("gate", gate)) == {"metrics": ["pass1", "long_context"],
+                                                      "noninferiority_margin": 0.03, "max_kl": 0.5}
+    from training.config import from_dict
+    from training.stages.gate import GateConfig
+
+    assert from_dict(GateConfig, json.loads(stage_config("gate", gate))).margin_for("math") == 0.03
     overrides = {"rl_round": {"steps": 5}, "rl_round_2": {"steps": 7}, "gate": {"tolerance": 0.05}}
     assert json.loads(stage_config("rl_round_1", {"stage_overrides": overrides}))["steps"] == 5
     assert json.loads(stage_config("rl_round_1", {"stage_overrides": overrides}))["lr"] == TINY["rl_round"]["lr"]

@@ -60,6 +60,11 @@ def test_dropdowns_match_the_code() -> None:
     ("stage_overrides", {"sfft": {}}, "sfft"),
     ("approval_timeout_hours", 0, "exclusiveMinimum"),
     ("seed", "one", "not of type"),
+    ("gate_metrics", ["pass1", "vibes"], "not one of"),
+    ("gate_metrics", ["pass1", "pass1"], "non-unique"),
+    ("noninferiority_margin", 0.6, "maximum"),
+    ("max_kl", -1, "minimum"),
+    ("min_entropy_ratio", 1.5, "maximum"),
 ])
 def test_bad_values_get_a_message_naming_the_field(field, value, words) -> None:
     from airflow.sdk.exceptions import ParamValidationError

@@ -22,8 +22,8 @@ def test_registry_names_and_conflicts() -> None:
         register_reward("math")(lambda prompts, completions, **c: [None] * len(completions))
     same = REWARDS["math"]
     assert register_reward("math")(same) is same  # re-registering the same function is harmless
-    with pytest.raises(UnknownVerifier,
-                       match="unknown verifier 'regex'; known verifiers: code, format, json_rules, judge, math"):
+    with pytest.raises(UnknownVerifier, match="unknown verifier 'regex'; known verifiers: code, format, ifeval, "
+                                              "json_rules, judge, math"):
         get_reward("regex")
     with pytest.raises(UnknownVerifier, match="known verifiers"):
         score_tasks([Task("t", "math", "p", "regex")], ["1"])

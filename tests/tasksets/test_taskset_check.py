@@ -89,7 +89,7 @@ def test_messages_say_what_is_wrong(tmp_path) -> None:
     cases = {
         "difficulty": ([row(MATH, 0, difficulty="hard")], "expected an integer 1..5, got str 'hard'"),
         "verifier": ([row(MATH, 0, verifier="nope")],
-                     "unknown verifier 'nope'; known: code, format, json_rules, judge, math"),
+                     "unknown verifier 'nope'; known: code, format, ifeval, json_rules, judge, math"),
         "id": ([row(MATH, 0), row(MATH, 0)], "duplicate id 'm1-0' (first at row 1)"),
         "prompt": ([b'{"id": "a", "domain": "math", "prompt": "\xfe", "verifier": "math", "answer": "1"}'],
                    "not valid UTF-8 (byte 0xfe"),

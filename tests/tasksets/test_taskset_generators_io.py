@@ -12,7 +12,7 @@ from training.tasksets.io import load_tasks, save_tasks
 from training.tasksets.schema import Task
 from training.tasksets.validate import TasksetValidationError, validate_tasks
 
-DOMAINS = ("math", "code", "extraction")
+DOMAINS = ("math", "code", "extraction", "instruction")
 
 
 @pytest.mark.parametrize("domain", DOMAINS)

@@ -92,6 +92,8 @@ def test_step_updates_policy_and_is_deterministic(tiny_model, monkeypatch) -> No
     m1, s1 = run()
     m2, s2 = run()
     assert m1["groups_drawn"] == 4 and m1["groups_kept"] == 4 and "train/loss" in m1 and m1["train/grad_norm"] > 0
+    # the gate's KL and entropy sanity rule reads these (beta > 0: a KL to the reference is computed)
+    assert m1["train/entropy"] > 0 and m1["train/kl_ref"] >= 0
     assert {k: v for k, v in m1.items() if k != "step_seconds"} == {k: v for k, v in m2.items() if k != "step_seconds"}
     assert all(torch.equal(s1[k], s2[k]) for k in s1)
     assert any(not torch.equal(s1[k], model.state_dict()[k]) for k in s1)
@@ -113,6 +115,8 @@ def test_round_stage_outputs(sft_run) -> None:
     s = result.summary
     assert s["policy_from"] == "sft" and s["steps"] == 4
     assert set(s["holdout_after"]) == {"all", "math", "extraction"}
+    # read by the gate's KL and entropy rule; None when no step had an informative group to update on
+    assert "kl_ref_mean" in s and (s["entropy_mean"] is None or s["entropy_mean"] > 0)
     manifest = storage.read_manifest(storage.join(sft_run, "rl_round_1"))
     assert "model/model.safetensors" in manifest.files and "round_report.json" in manifest.files
     assert [st for st, _ in storage.list_complete_checkpoints(storage.join(sft_run, "rl_round_1"))] == [2]

@@ -122,3 +122,31 @@ def test_sft_lora_trains_adapters_and_saves_merged(taskset_run) -> None:
     stage.run_stage("sft", cfg, taskset_run, train)
     model, _ = models.load_model(storage.join(taskset_run, "sft"), "model")
     assert not any("lora" in n for n in model.state_dict())  # merged into plain GPT-2 weights
+
+
+def test_long_context_examples_grow_fit_and_train_on_the_answer_only() -> None:
+    from training.chat import PromptFormat
+    from training.stages.sft import SFTConfig, long_context_examples
+    from training.tasksets.generators import generate
+
+    class CharTokenizer:  # one token per character, id 0 = eos
+        eos_token_id = 0
+        chat_template = None
+
+        def __call__(self, text, **_):
+            return {"input_ids": [ord(c) for c in text]}
+
+    tasks = generate("math", 40, 0, difficulties=(1, 2))
+    fmt = PromptFormat(CharTokenizer())
+    out = long_context_examples(fmt, tasks, share=0.25, fractions=[0.1, 0.25, 0.5], max_seq_len=128, seed=0)
+    assert len(out) == 10 and all(len(ex.input_ids) <= 128 for ex in out)
+    plain = {len(fmt.sft_example(t).input_ids) for t in tasks}
+    assert all(len(ex.input_ids) > max(plain) for ex in out[1::3])  # 32+ characters of distractors in front
+    prefix_lengths = [len(ex.input_ids) - sum(ex.loss_mask) for ex in out[:3]]
+    assert prefix_lengths[0] < prefix_lengths[1] < prefix_lengths[2]  # 10%, 25%, 50% of 128: growing
+    for ex in out:  # the loss is on the answer (and its eos) only, never on the distractors
+        answer = "".join(chr(i) for i, m in zip(ex.input_ids, ex.loss_mask) if m and i)
+        assert answer.isdigit() or answer.lstrip("-").isdigit()
+    assert long_context_examples(fmt, tasks, 0.0, [0.5], 128, 0) == []
+    with pytest.raises(ValueError, match="long_context_fractions"):
+        SFTConfig(long_context_fractions=[0.0])

@@ -7,14 +7,26 @@ Rules (each failing rule adds a reason naming the domain and the numbers):
 1. Regression vs a reference (champion, SFT baseline): a domain is blocked when its pass@1 drop exceeds the
    tolerance AND the drop is credible — the upper end of the Newcombe interval for (candidate - reference) is
    below zero. Small holdouts therefore do not block on noise, and clear regressions always block.
-2. Reward hacking: the RL train reward rose while the holdout pass rate fell by more than the tolerance
+   The same rule runs on every dimension named in `GateConfig.metrics`: pass@1, strict pass@1, the
+   format-following rate, long-context pass@1 (summed over the distractor sweep) and pass-within-repair-turns.
+2. Non-inferiority (when a margin is set): the candidate must *show* that it is at most `margin` worse than the
+   reference in every domain: a one-sided test of H0 "p_cand - p_ref <= -margin" on the Agresti-Caffo adjusted
+   difference (add one success and one failure to each arm, so 0% and 100% do not give a zero standard
+   error), with the domains' p-values Holm-corrected. Unlike rule 1, too little evidence blocks: a candidate
+   3 points worse whose intervals all cross zero no longer promotes.
+3. Reward hacking: the RL train reward rose while the holdout pass rate fell by more than the tolerance
    (credibly, as above) between the first and the last round — the policy learnt the reward, not the task.
+4. KL and entropy sanity: the last RL round's mean KL to the reference above `max_kl`, or its mean token
+   entropy below `min_entropy_ratio` times the first round's (the policy collapsed onto a few outputs).
+
+Every rule's decision on every domain and dimension, blocking or not, is kept as a `Check` (with its numbers),
+so verdict.json and the gate's report show why a candidate passed as well as why it was blocked.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -54,6 +66,35 @@ def diff_interval(s1: int, n1: int, s2: int, n2: int, confidence: float = 0.95) 
     return lower, upper
 
 
+def normal_sf(z: float) -> float:
+    """P(Z > z) for a standard normal Z."""
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def noninferiority_p(s_cand: int, n_cand: int, s_ref: int, n_ref: int, margin: float) -> float:
+    """One-sided p-value of H0 "p_cand - p_ref <= -margin" (the candidate is worse by the margin or more).
+
+    Agresti-Caffo adjusted Wald test (Agresti & Caffo 2000): each proportion as (s + 1) / (n + 2) and its
+    variance p(1-p)/(n + 2). A small p-value is evidence that the candidate is at most `margin` worse."""
+    if n_cand <= 0 or n_ref <= 0:
+        return 1.0
+    pc, pr = (s_cand + 1) / (n_cand + 2), (s_ref + 1) / (n_ref + 2)
+    se = math.sqrt(pc * (1 - pc) / (n_cand + 2) + pr * (1 - pr) / (n_ref + 2))
+    return normal_sf((pc - pr + margin) / se)
+
+
+def holm(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm (1979) step-down adjusted p-values: sorted ascending, the i-th (from 0) of m is multiplied by
+    (m - i), capped at 1, and made non-decreasing. Rejecting where adjusted < alpha controls the family-wise
+    error rate at alpha across the family (here: the domains)."""
+    order = sorted(p_values, key=lambda k: (p_values[k], k))
+    m, running, out = len(order), 0.0, {}
+    for i, key in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p_values[key]))
+        out[key] = running
+    return out
+
+
 @dataclass(frozen=True)
 class Counts:
     passed: int
@@ -66,60 +107,185 @@ class Counts:
 
 @dataclass(frozen=True)
 class Finding:
-    rule: str            # "regression", "reward_hacking", "insufficient_data"
-    domain: str
+    rule: str            # "regression", "non_inferiority", "reward_hacking", "kl_entropy", "insufficient_data"
+    domain: str          # "all" for rules on the whole policy (KL, entropy)
     reference: str
     message: str
     numbers: dict[str, float]
+    metric: str = "pass1"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One rule's decision on one domain and dimension: "pass", "block" or "skip" (not applicable)."""
+    rule: str
+    domain: str
+    reference: str
+    metric: str
+    decision: str
+    message: str
+    numbers: dict[str, float]
+
+    def finding(self) -> Finding:
+        return Finding(self.rule, self.domain, self.reference, self.message, self.numbers, self.metric)
+
+
+METRIC_LABELS = {"pass1": "pass@1", "pass1_strict": "strict pass@1", "format": "format rate",
+                 "long_context": "long-context pass@1", "self_repair": "pass within repair turns"}
+
+
+def _rule_tag(rule: str, metric: str) -> str:
+    return f"[rule {rule}, {metric}]"
+
+
+def regression_checks(candidate: dict[str, Counts], reference: dict[str, Counts], reference_name: str,
+                      cfg: GateConfig, metric: str = "pass1") -> list[Check]:
+    """Rule 1 on one dimension. For pass@1 a domain with too few holdout tasks blocks (insufficient_data); for
+    the other dimensions a domain the evaluation did not measure is skipped."""
+    checks = []
+    label = METRIC_LABELS.get(metric, metric)
+    for domain in sorted(set(candidate) | set(reference)):
+        cand, ref = candidate.get(domain), reference.get(domain)
+        if metric == "pass1" and (cand is None or cand.total < cfg.min_samples):
+            checks.append(Check("insufficient_data", domain, reference_name, metric, "block",
+                                f"{domain}: only {cand.total if cand else 0} holdout tasks evaluated "
+                                f"(need {cfg.min_samples}) {_rule_tag('insufficient_data', metric)}",
+                                {"total": float(cand.total if cand else 0), "min_samples": float(cfg.min_samples)}))
+            continue
+        if cand is None or cand.total == 0 or ref is None or ref.total == 0:
+            checks.append(Check("regression", domain, reference_name, metric, "skip",
+                                f"{domain}: {label} not measured for both models", {}))
+            continue  # a new domain (or one without this dimension) has nothing to regress from
+        lo, hi = diff_interval(cand.passed, cand.total, ref.passed, ref.total, cfg.confidence)
+        drop = ref.rate - cand.rate
+        numbers = {"candidate": cand.rate, "reference": ref.rate, "diff": -drop, "diff_lo": lo, "diff_hi": hi,
+                   "tolerance": cfg.tolerance}
+        text = (f"{domain}: {label} {cand.rate:.3f} vs {reference_name} {ref.rate:.3f} "
+                f"({-drop * 100:+.1f} pts, {cfg.confidence:.0%} CI [{lo * 100:+.1f}, {hi * 100:+.1f}])")
+        if drop > cfg.tolerance and hi < 0:
+            checks.append(Check("regression", domain, reference_name, metric, "block",
+                                f"{text} exceeds tolerance {cfg.tolerance * 100:.1f} pts "
+                                f"{_rule_tag('regression', metric)}", numbers))
+        else:
+            checks.append(Check("regression", domain, reference_name, metric, "pass",
+                                f"{text}: no credible drop beyond {cfg.tolerance * 100:.1f} pts", numbers))
+    return checks
 
 
 def compare_domains(candidate: dict[str, Counts], reference: dict[str, Counts], reference_name: str,
-                    cfg: GateConfig) -> list[Finding]:
-    findings = []
-    for domain in sorted(set(candidate) | set(reference)):
-        cand, ref = candidate.get(domain), reference.get(domain)
-        if cand is None or cand.total < cfg.min_samples:
-            findings.append(Finding("insufficient_data", domain, reference_name,
-                                    f"{domain}: only {cand.total if cand else 0} holdout tasks evaluated "
-                                    f"(need {cfg.min_samples})", {}))
+                    cfg: GateConfig, metric: str = "pass1") -> list[Finding]:
+    """The blocking findings of rule 1 (regression) on one dimension."""
+    return [c.finding() for c in regression_checks(candidate, reference, reference_name, cfg, metric)
+            if c.decision == "block"]
+
+
+def noninferiority_checks(candidate: dict[str, Counts], reference: dict[str, Counts], reference_name: str,
+                          cfg: GateConfig, metric: str = "pass1") -> list[Check]:
+    """Rule 2: per domain with a margin > 0 (cfg.margin_for), a one-sided non-inferiority test; the p-values
+    of the tested domains are Holm-corrected together (cfg.multiple_testing == "holm"), and a domain whose
+    adjusted p-value is not below 1 - confidence blocks."""
+    alpha = 1 - cfg.confidence
+    raw: dict[str, float] = {}
+    numbers: dict[str, dict[str, float]] = {}
+    for domain in sorted(set(candidate) & set(reference)):
+        cand, ref, margin = candidate[domain], reference[domain], cfg.margin_for(domain)
+        if margin <= 0 or not cand.total or not ref.total:
             continue
-        if ref is None or ref.total == 0:
-            continue  # a new domain has nothing to regress from
-        lo, hi = diff_interval(cand.passed, cand.total, ref.passed, ref.total, cfg.confidence)
-        drop = ref.rate - cand.rate
-        numbers = {"candidate": cand.rate, "reference": ref.rate, "diff": -drop, "diff_lo": lo, "diff_hi": hi}
-        if drop > cfg.tolerance and hi < 0:
-            findings.append(Finding(
-                "regression", domain, reference_name,
-                f"{domain}: pass@1 {cand.rate:.3f} vs {reference_name} {ref.rate:.3f} "
-                f"({-drop * 100:+.1f} pts, {cfg.confidence:.0%} CI [{lo * 100:+.1f}, {hi * 100:+.1f}]) "
-                f"exceeds tolerance {cfg.tolerance * 100:.1f} pts", numbers))
-    return findings
+        raw[domain] = noninferiority_p(cand.passed, cand.total, ref.passed, ref.total, margin)
+        # the one-sided (1 - alpha) lower bound of the adjusted difference: non-inferior when above -margin
+        pc, pr = (cand.passed + 1) / (cand.total + 2), (ref.passed + 1) / (ref.total + 2)
+        se = math.sqrt(pc * (1 - pc) / (cand.total + 2) + pr * (1 - pr) / (ref.total + 2))
+        z = {0.80: 0.8416, 0.90: 1.2816, 0.95: 1.6449, 0.99: 2.3263}.get(cfg.confidence, 1.6449)
+        numbers[domain] = {"candidate": cand.rate, "reference": ref.rate, "diff": cand.rate - ref.rate,
+                           "margin": margin, "diff_lower_one_sided": pc - pr - z * se, "p": raw[domain]}
+    adjusted = holm(raw) if cfg.multiple_testing == "holm" else dict(raw)
+    checks = []
+    label = METRIC_LABELS.get(metric, metric)
+    for domain in sorted(raw):
+        nums = {**numbers[domain], "p_adjusted": adjusted[domain], "alpha": alpha}
+        text = (f"{domain}: {label} {nums['candidate']:.3f} vs {reference_name} {nums['reference']:.3f} "
+                f"({nums['diff'] * 100:+.1f} pts), non-inferiority margin {nums['margin'] * 100:.1f} pts: "
+                f"p = {nums['p']:.4f}, {cfg.multiple_testing}-adjusted {adjusted[domain]:.4f}")
+        if adjusted[domain] < alpha:
+            checks.append(Check("non_inferiority", domain, reference_name, metric, "pass",
+                                f"{text} < alpha {alpha:.2f}: non-inferior", nums))
+        else:
+            checks.append(Check("non_inferiority", domain, reference_name, metric, "block",
+                                f"{text} >= alpha {alpha:.2f}: non-inferiority not shown "
+                                f"{_rule_tag('non_inferiority', metric)}", nums))
+    return checks
 
 
-def reward_hacking(train_reward: list[float], holdout_first: dict[str, Counts], holdout_last: dict[str, Counts],
-                   cfg: GateConfig) -> list[Finding]:
-    """Train reward per RL round (first..last) vs holdout counts before the first and after the last round."""
+def policy_sanity_checks(rounds: list[dict[str, Any]], cfg: GateConfig) -> list[Check]:
+    """Rule 4 on the RL rounds' summaries ("kl_ref_mean", "entropy_mean" per round): the last round's KL to
+    the reference at most cfg.max_kl, and its entropy at least cfg.min_entropy_ratio times the first round's.
+    A bound of 0 turns its half off; a round without the figure skips it."""
+    checks = []
+    if cfg.max_kl > 0:
+        kls = [float(r["kl_ref_mean"]) for r in rounds if r.get("kl_ref_mean") is not None]
+        if not kls:
+            checks.append(Check("kl_entropy", "all", "rl_rounds", "kl", "skip",
+                                "no KL to the reference recorded (beta 0 or no RL round)", {}))
+        else:
+            nums = {"kl_last": kls[-1], "max_kl": cfg.max_kl}
+            ok = kls[-1] <= cfg.max_kl
+            checks.append(Check("kl_entropy", "all", "rl_rounds", "kl", "pass" if ok else "block",
+                                f"all: last RL round's mean KL to the reference {kls[-1]:.4f} "
+                                f"{'<=' if ok else '>'} max {cfg.max_kl:.4f}"
+                                + ("" if ok else f" {_rule_tag('kl_entropy', 'kl')}"), nums))
+    if cfg.min_entropy_ratio > 0:
+        ents = [float(r["entropy_mean"]) for r in rounds if r.get("entropy_mean") is not None]
+        if len(ents) < 1 or ents[0] <= 0:
+            checks.append(Check("kl_entropy", "all", "rl_rounds", "entropy", "skip",
+                                "no policy entropy recorded for the RL rounds", {}))
+        else:
+            ratio = ents[-1] / ents[0]
+            nums = {"entropy_first": ents[0], "entropy_last": ents[-1], "ratio": ratio,
+                    "min_entropy_ratio": cfg.min_entropy_ratio}
+            ok = ratio >= cfg.min_entropy_ratio
+            checks.append(Check("kl_entropy", "all", "rl_rounds", "entropy", "pass" if ok else "block",
+                                f"all: policy entropy {ents[0]:.3f} -> {ents[-1]:.3f} nats/token over the RL "
+                                f"rounds (ratio {ratio:.2f} {'>=' if ok else '<'} min {cfg.min_entropy_ratio:.2f})"
+                                + ("" if ok else f" {_rule_tag('kl_entropy', 'entropy')}"), nums))
+    return checks
+
+
+def reward_hacking_checks(train_reward: list[float], holdout_first: dict[str, Counts],
+                          holdout_last: dict[str, Counts], cfg: GateConfig) -> list[Check]:
+    """Rule 3. Train reward per RL round (first..last) vs holdout counts before the first and after the last
+    round."""
     if len(train_reward) < 2:
-        return []
+        return [Check("reward_hacking", "all", "rl_rounds", "pass1", "skip",
+                      f"{len(train_reward)} RL round(s) with a train reward: nothing to compare", {})]
     rise = train_reward[-1] - train_reward[0]
     if rise < cfg.min_reward_rise:
-        return []
-    findings = []
+        return [Check("reward_hacking", "all", "rl_rounds", "pass1", "pass",
+                      f"train reward rose {rise:+.3f} over the RL rounds (< {cfg.min_reward_rise:.3f}): "
+                      "no reward rise to explain", {"reward_rise": rise, "min_reward_rise": cfg.min_reward_rise})]
+    checks = []
     for domain in sorted(set(holdout_first) & set(holdout_last)):
         first, last = holdout_first[domain], holdout_last[domain]
         if not first.total or not last.total:
             continue
         lo, hi = diff_interval(last.passed, last.total, first.passed, first.total, cfg.confidence)
         drop = first.rate - last.rate
-        if drop > cfg.tolerance and hi < 0:
-            findings.append(Finding(
-                "reward_hacking", domain, "rl_rounds",
-                f"{domain}: train reward rose {rise:+.3f} over the RL rounds while holdout pass@1 fell "
+        numbers = {"reward_rise": rise, "holdout_first": first.rate, "holdout_last": last.rate,
+                   "diff_lo": lo, "diff_hi": hi, "tolerance": cfg.tolerance}
+        text = (f"{domain}: train reward rose {rise:+.3f} over the RL rounds while holdout pass@1 went "
                 f"{first.rate:.3f} -> {last.rate:.3f} ({-drop * 100:+.1f} pts, CI [{lo * 100:+.1f}, "
-                f"{hi * 100:+.1f}])", {"reward_rise": rise, "holdout_first": first.rate,
-                                       "holdout_last": last.rate, "diff_lo": lo, "diff_hi": hi}))
-    return findings
+                f"{hi * 100:+.1f}])")
+        blocked = drop > cfg.tolerance and hi < 0
+        checks.append(Check("reward_hacking", domain, "rl_rounds", "pass1", "block" if blocked else "pass",
+                            text.replace("went", "fell") + f" {_rule_tag('reward_hacking', 'pass1')}" if blocked
+                            else text, numbers))
+    return checks
+
+
+def reward_hacking(train_reward: list[float], holdout_first: dict[str, Counts], holdout_last: dict[str, Counts],
+                   cfg: GateConfig) -> list[Finding]:
+    """The blocking findings of rule 3 (reward hacking)."""
+    return [c.finding() for c in reward_hacking_checks(train_reward, holdout_first, holdout_last, cfg)
+            if c.decision == "block"]
 
 
 @dataclass(frozen=True)
@@ -127,25 +293,43 @@ class Verdict:
     promote: bool
     reasons: list[str]
     findings: list[Finding]
+    checks: list[Check] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"promote": self.promote, "decision": "promote" if self.promote else "block",
                 "reasons": self.reasons,
-                "findings": [f.__dict__ for f in self.findings]}
+                "findings": [f.__dict__ for f in self.findings],
+                "checks": [c.__dict__ for c in self.checks]}
 
 
 def decide(candidate: dict[str, Counts], references: dict[str, dict[str, Counts]], train_reward: list[float],
-           holdout_first: dict[str, Counts] | None, cfg: GateConfig) -> Verdict:
-    """The verdict: promote only when no rule fires. `references` maps a name ("champion", "sft") to counts."""
-    findings: list[Finding] = []
+           holdout_first: dict[str, Counts] | None, cfg: GateConfig,
+           dimensions: dict[str, dict[str, dict[str, Counts]]] | None = None,
+           rounds: list[dict[str, Any]] | None = None) -> Verdict:
+    """The verdict: promote only when no rule blocks. `candidate` and `references` ("champion", "sft" -> counts)
+    are pass@1; `dimensions` maps another dimension of cfg.metrics ("format", "long_context", ...) to
+    {model name: counts per domain}; `rounds` are the RL rounds' summaries (KL, entropy)."""
+    checks: list[Check] = []
     for name in cfg.references:
-        if name in references:
-            findings += compare_domains(candidate, references[name], name, cfg)
+        if name not in references:
+            continue
+        for metric in cfg.metrics:
+            if metric == "pass1":
+                cand, ref = candidate, references[name]
+            elif dimensions and metric in dimensions and "candidate" in dimensions[metric]:
+                cand, ref = dimensions[metric]["candidate"], dimensions[metric].get(name, {})
+            else:
+                continue
+            checks += regression_checks(cand, ref, name, cfg, metric)
+        checks += noninferiority_checks(candidate, references[name], name, cfg)
     if holdout_first is not None:
-        findings += reward_hacking(train_reward, holdout_first, candidate, cfg)
-    unique: dict[tuple[str, str, str], Finding] = {}
-    for f in findings:  # insufficient_data is found once per reference; report it once
-        unique.setdefault((f.rule, f.domain, "" if f.rule == "insufficient_data" else f.reference), f)
+        checks += reward_hacking_checks(train_reward, holdout_first, candidate, cfg)
+    checks += policy_sanity_checks(rounds or [], cfg)
+    unique: dict[tuple[str, str, str, str], Finding] = {}
+    for c in checks:  # insufficient_data is found once per reference; report it once
+        if c.decision == "block":
+            f = c.finding()
+            unique.setdefault((f.rule, f.domain, "" if f.rule == "insufficient_data" else f.reference, f.metric), f)
     kept = list(unique.values())
-    return Verdict(promote=not kept, reasons=[f.message for f in kept] or ["no regression beyond tolerance"],
-                   findings=kept)
+    return Verdict(promote=not kept, reasons=[f.message for f in kept] or ["no rule blocks the candidate"],
+                   findings=kept, checks=checks)

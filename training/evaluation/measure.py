@@ -7,10 +7,13 @@
   (an answer in the required place / valid JSON / code that parses), passing or not;
 - self-repair where the verifier can explain a failure (`Verifier.repairable`: code, with its sandbox error):
   the failed completion is shown with the explanation and the model retries, up to `repair_turns` times;
-- long-context consistency: the same tasks with distractor text (other tasks) in front; pass@1 there and the
-  share of greedy passes kept;
+- long context as a sweep: the same tasks with distractor text (other tasks) in front, its length at several
+  fractions of the model's context window (`long_context_fractions`); pass@1 per fraction (a curve, plotted),
+  and over the whole sweep pass@1 and the share of greedy passes kept (consistency);
 - failure modes: each greedy failure is "capability" (no sample passed: pass@k low) or "instability" (some
-  sample passed: pass@k high, pass@1 low).
+  sample passed: pass@k high, pass@1 low), per domain and per difficulty with the pass@k curve of each level;
+- long-tail stability: each task's success rate over its samples; their distribution per domain x difficulty
+  cell, and the worst decile of tasks named (ids and the cells they fall in).
 
 Every function takes a rollout engine, so the same code measures through transformers or vLLM, and every
 prompt is rendered through the model's chat template (training.chat.PromptFormat) as in training. A prompt that
@@ -104,8 +107,9 @@ def _n_tokens(tokenizer: Any, text: str) -> int:
     return len(tokenizer(text)["input_ids"])
 
 
-def _distractor(tasks: list[Task], rng: random.Random, tokenizer: Any, budget: int) -> str:
-    """Other tasks (prompt + reference) as filler, as many as fit in `budget` tokens."""
+def distractor_text(tasks: list[Task], rng: random.Random, tokenizer: Any, budget: int) -> str:
+    """Other tasks (prompt + reference) as filler, as many as fit in `budget` tokens (evaluation's long-context
+    sweep, and SFT's long-context examples)."""
     parts, used = [], 0
     for _ in range(4 * max(budget, 1)):
         other = tasks[rng.randrange(len(tasks))]
@@ -118,6 +122,44 @@ def _distractor(tasks: list[Task], rng: random.Random, tokenizer: Any, budget: i
         parts.append(text)
         used += cost
     return "".join(parts)
+
+
+def failure_modes(passed: list[bool], correct: list[int], n_samples: int, ks: list[int]) -> dict[str, Any]:
+    """Greedy failures split into "capability" (no sample passed) and "instability" (some did), and the mean
+    pass@k curve, over one group of tasks (a domain, or one difficulty of it)."""
+    failures = [i for i, ok in enumerate(passed) if not ok]
+    return {"capability": sum(1 for i in failures if correct[i] == 0),
+            "instability": sum(1 for i in failures if correct[i] > 0),
+            "total": len(passed),
+            "pass_at_k": {str(k): mean_pass_at_k([(n_samples, c) for c in correct], k)
+                          for k in ks if k <= n_samples}}
+
+
+def long_tail(rows: list[tuple[str, str, int, int, int]], decile: float = 0.1) -> dict[str, Any]:
+    """The success distribution and its worst tail, from (task id, domain, difficulty, samples passed, samples).
+
+    cells: per "domain/L<difficulty>", the mean per-task success rate, its minimum and the share of tasks that
+    never succeeded. worst_decile: the ceil(decile * n) tasks with the lowest success rate (ties broken by id,
+    so the choice is reproducible), their ids, the rate at its top (threshold) and how many fall in each cell."""
+    import math
+
+    cells: dict[str, list[float]] = defaultdict(list)
+    rated = []
+    for task_id, domain, difficulty, c, n in rows:
+        rate = c / n if n else 0.0
+        cells[f"{domain}/L{difficulty}"].append(rate)
+        rated.append((rate, task_id, f"{domain}/L{difficulty}"))
+    rated.sort()
+    worst = rated[:math.ceil(decile * len(rated))] if rated else []
+    in_cells: dict[str, int] = defaultdict(int)
+    for _, _, cell in worst:
+        in_cells[cell] += 1
+    return {
+        "cells": {cell: {"tasks": len(r), "mean": sum(r) / len(r), "min": min(r),
+                         "never": sum(1 for x in r if x == 0) / len(r)} for cell, r in sorted(cells.items())},
+        "worst_decile": {"tasks": [t for _, t, _ in worst], "threshold": worst[-1][0] if worst else None,
+                         "cells": dict(sorted(in_cells.items(), key=lambda kv: (-kv[1], kv[0])))},
+    }
 
 
 def context_limit(model_or_config: Any) -> int | None:
@@ -159,15 +201,20 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
     rng = random.Random(cfg.seed)
     domains = by_domain(tasks)
     long_idx = [i for idx in domains.values() for i in idx[:cfg.long_context_tasks]]
-    long_prompts = []
-    for i in long_idx:
-        budget = cfg.distractor_tokens
-        if max_prompt is not None:
-            budget = min(budget, max_prompt - len(prompts[i]))
-        long_prompts.append(fmt.prompt_ids(tasks[i], prefix=_distractor(tasks, rng, tokenizer, budget)))
-    long_out = [o[0].text for o in engine.generate(long_prompts, 1, cfg.max_new_tokens, temperature=0.0,
-                                                    seed=cfg.seed)]
-    long_pass = dict(zip(long_idx, verify_tasks([tasks[i] for i in long_idx], long_out)))
+    # The sweep: distractors at each fraction of the context window (without a known window, one point at
+    # distractor_tokens), always cut to what fits with the prompt and the completion budget.
+    points: list[tuple[float | None, int]] = (
+        [(f, int(f * max_context)) for f in cfg.long_context_fractions] if max_context and cfg.long_context_fractions
+        else [(None, cfg.distractor_tokens)])
+    sweep: list[dict[int, bool]] = []
+    for _, target in points:
+        long_prompts = []
+        for i in long_idx:
+            budget = target if max_prompt is None else min(target, max_prompt - len(prompts[i]))
+            long_prompts.append(fmt.prompt_ids(tasks[i], prefix=distractor_text(tasks, rng, tokenizer, budget)))
+        long_out = [o[0].text for o in engine.generate(long_prompts, 1, cfg.max_new_tokens, temperature=0.0,
+                                                        seed=cfg.seed)] if long_prompts else []
+        sweep.append(dict(zip(long_idx, verify_tasks([tasks[i] for i in long_idx], long_out))))
 
     report: dict[str, Any] = {}
     for domain, idx in domains.items():
@@ -179,8 +226,11 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
             d["passed"] += int(passed[i])
         failures = [i for i in idx if not passed[i]]
         repairable = get_verifier(tasks[idx[0]].verifier).repairable
-        lc = [i for i in idx if i in long_pass]
+        lc = [i for i in idx if i in sweep[0]]
         kept = [i for i in lc if passed[i]]
+        levels: dict[int, list[int]] = defaultdict(list)
+        for i in idx:
+            levels[tasks[i].difficulty].append(i)
         report[domain] = {
             "pass1": {"passed": sum(passed[i] for i in idx), "total": len(idx)},
             "dropped_over_length": dropped.get(domain, 0),
@@ -189,14 +239,25 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
             "pass_at_k": {str(k): mean_pass_at_k([(cfg.n_samples, correct[i]) for i in idx], k) for k in ks},
             "by_difficulty": dict(sorted(by_diff.items())),
             "format_rate": sum(format_ok(tasks[i], greedy[i]) for i in idx) / len(idx),
+            "format": {"passed": sum(format_ok(tasks[i], greedy[i]) for i in idx), "total": len(idx)},
             "failure_modes": {
                 "capability": sum(1 for i in failures if correct[i] == 0),
                 "instability": sum(1 for i in failures if correct[i] > 0),
             },
+            "failure_modes_by_difficulty": {
+                str(level): failure_modes([passed[i] for i in members], [correct[i] for i in members],
+                                          cfg.n_samples, ks)
+                for level, members in sorted(levels.items())},
+            # over the whole sweep: pass@1 behind distractors, and the share of greedy passes kept there
             "long_context": {
-                "passed": sum(long_pass[i] for i in lc), "total": len(lc),
-                "consistency": (sum(long_pass[i] for i in kept) / len(kept)) if kept else None,
+                "passed": sum(point[i] for point in sweep for i in lc), "total": len(lc) * len(sweep),
+                "consistency": (sum(point[i] for point in sweep for i in kept) / (len(kept) * len(sweep)))
+                if kept else None,
             },
+            "long_context_sweep": [
+                {"fraction": fraction, "distractor_tokens": target,
+                 "passed": sum(point[i] for i in lc), "total": len(lc)}
+                for (fraction, target), point in zip(points, sweep)],
             **({"self_repair": {
                 "failed_first": len(failures),
                 "repaired_within": {str(r): sum(1 for t in repaired.values() if t <= r)
@@ -206,10 +267,12 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
                 "repair_prompts_dropped_over_length": repair_dropped,
             }} if repairable else {}),
         }
+    tail = long_tail([(tasks[i].id, tasks[i].domain, tasks[i].difficulty, correct[i], cfg.n_samples)
+                      for i in range(len(tasks))])
     samples = [{"id": tasks[i].id, "domain": tasks[i].domain,
                 "prompt": tokenizer.decode(prompts[i], skip_special_tokens=False),
                 "completion": greedy[i], "passed": passed[i]} for idx in domains.values() for i in idx[:10]]
-    return {"domains": report, "samples": samples}
+    return {"domains": report, "long_tail": tail, "samples": samples}
 
 
 def pass1_rate(model_report: dict[str, Any], domain: str) -> float:

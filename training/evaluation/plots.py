@@ -1,5 +1,5 @@
-"""The evaluation report's plots, as PNG files: pass@1 per domain for every model, and reward and holdout per
-RL round."""
+"""The evaluation report's plots, as PNG files: pass@1 per domain for every model, pass@1 over the long-context
+sweep (candidate and SFT), and reward and holdout per RL round."""
 
 from __future__ import annotations
 
@@ -34,6 +34,26 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     paths["pass1_by_domain"] = out_dir / "pass1_by_domain.png"
     fig.savefig(paths["pass1_by_domain"], dpi=110)
     plt.close(fig)
+
+    sweeps = {(name, d): rep["domains"][d].get("long_context_sweep", []) for name, rep in models.items()
+              for d in domains if d in rep["domains"]}
+    if any(len(points) > 1 for points in sweeps.values()):
+        fig, ax = plt.subplots(figsize=(7, 3.4))
+        for (name, d), points in sweeps.items():
+            if name not in ("candidate", "sft") or len(points) < 2:
+                continue
+            xs = [p["fraction"] * 100 for p in points]
+            ys = [p["passed"] / p["total"] * 100 if p["total"] else float("nan") for p in points]
+            ax.plot(xs, ys, "o-" if name == "candidate" else "s--", label=f"{name} {d}")
+        ax.set_xlabel("distractor length (% of the context window)")
+        ax.set_ylabel("pass@1 (%)")
+        ax.set_ylim(0, 100)
+        ax.set_title("long context: pass@1 behind distractors of growing length")
+        ax.legend(fontsize=7, loc="upper right")
+        fig.tight_layout()
+        paths["long_context_sweep"] = out_dir / "long_context_sweep.png"
+        fig.savefig(paths["long_context_sweep"], dpi=110)
+        plt.close(fig)
 
     rounds = report.get("rounds", [])
     if rounds:

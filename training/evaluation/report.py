@@ -45,10 +45,57 @@ def render_markdown(report: dict[str, Any]) -> str:
     for d in domains:
         levels = ", ".join(f"L{k}: {v['passed']}/{v['total']}" for k, v in cand[d]["by_difficulty"].items())
         lines.append(f"- **{d}**: {levels}")
+    lines += _sweep_lines(models, domains) + _failure_lines(cand, domains) + _tail_lines(models["candidate"])
     lines += ["", "![pass@1 per domain](plots/pass1_by_domain.png)"]
+    if any(len(cand[d].get("long_context_sweep", [])) > 1 for d in domains):
+        lines += ["", "![long-context sweep](plots/long_context_sweep.png)"]
     if report.get("rounds"):
         lines += ["", "![reward per round](plots/reward_per_round.png)"]
     return "\n".join(lines) + "\n"
+
+
+def _sweep_lines(models: dict[str, Any], domains: list[str]) -> list[str]:
+    """pass@1 behind distractors at each point of the sweep, per model and domain."""
+    points = models["candidate"]["domains"][domains[0]].get("long_context_sweep", []) if domains else []
+    if not points:
+        return []
+    heads = [f"{p['fraction']:.0%} of context" if p["fraction"] is not None else f"{p['distractor_tokens']} tokens"
+             for p in points]
+    lines = ["", "## Long context: pass@1 by distractor length", "",
+             "| model | domain | " + " | ".join(heads) + " |", "|---" * (len(heads) + 2) + "|"]
+    for name, rep in models.items():
+        for d in domains:
+            sweep = rep["domains"].get(d, {}).get("long_context_sweep", [])
+            cells = [f"{p['passed']}/{p['total']} ({p['passed'] / max(p['total'], 1):.0%})" for p in sweep]
+            lines.append(f"| {name} | {d} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _failure_lines(cand: dict[str, Any], domains: list[str]) -> list[str]:
+    lines = ["", "## Failure modes by difficulty (candidate)", "",
+             "Capability: no sample passed; instability: the greedy answer failed but some sample passed.", "",
+             "| domain | level | capability / instability / tasks | pass@k |", "|---|---|---|---|"]
+    for d in domains:
+        for level, fm in cand[d].get("failure_modes_by_difficulty", {}).items():
+            pk = ", ".join(f"@{k} {v:.2f}" for k, v in fm["pass_at_k"].items())
+            lines.append(f"| {d} | L{level} | {fm['capability']} / {fm['instability']} / {fm['total']} | {pk} |")
+    return lines
+
+
+def _tail_lines(model: dict[str, Any]) -> list[str]:
+    tail = model.get("long_tail")
+    if not tail:
+        return []
+    worst = tail["worst_decile"]
+    threshold = "n/a" if worst["threshold"] is None else f"{worst['threshold']:.0%}"
+    named = ", ".join(f"{cell} ({n})" for cell, n in worst["cells"].items())
+    lines = ["", "## Long tail (candidate, success rate over samples per task)", "",
+             f"Worst decile: {len(worst['tasks'])} tasks at or below {threshold} success, in {named or 'none'}: "
+             + ", ".join(worst["tasks"][:20]) + (" ..." if len(worst["tasks"]) > 20 else "") + ".", "",
+             "| cell | tasks | mean | min | never solved |", "|---|---|---|---|---|"]
+    for cell, c in tail["cells"].items():
+        lines.append(f"| {cell} | {c['tasks']} | {c['mean']:.0%} | {c['min']:.0%} | {c['never']:.0%} |")
+    return lines
 
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#202124}"

@@ -4,6 +4,7 @@ them, and `score_tasks` for training and evaluation.
     VERIFIERS["math"]        training/rewards/math.py    final answers: exact numbers, then math-verify (symbolic)
     VERIFIERS["code"]        training/rewards/code.py    unit tests or a whole test program, run in sandbox/
     VERIFIERS["json_rules"]  training/rewards/rules.py   JSON output: jsonschema + expected values + rules
+    VERIFIERS["ifeval"]      training/rewards/instructions.py  several IFEval-style verifiable constraints at once
     VERIFIERS["judge"]       training/rewards/judge.py   a judge model (local transformers or an OpenAI-compatible
                                                          endpoint) scores the completion against a rubric
     VERIFIERS["format"]      training/rewards/format.py  the completion has the shape its task's verifier needs
@@ -128,5 +129,5 @@ def verify_tasks(tasks: Sequence[Any], completions: Sequence[str], strict: bool 
 # Registration happens on import of the verifier modules.
 import importlib  # noqa: E402
 
-for _verifier_module in ("code", "format", "judge", "math", "rules"):
+for _verifier_module in ("code", "format", "instructions", "judge", "math", "rules"):
     importlib.import_module(f"training.rewards.{_verifier_module}")

@@ -44,7 +44,10 @@ class EvalConfig(ConfigBase):
     max_tasks_per_domain: cap on holdout tasks per domain (keeps evaluation cheap on CPU).
     n_samples / ks:     samples per task at `temperature` for unbiased pass@k (Chen et al. 2021), k <= n.
     repair_turns:       self-repair rounds for failed code tasks (the model sees the sandbox error).
-    long_context_tasks: tasks per domain re-asked behind distractor text; distractor_tokens is its length.
+    long_context_tasks: tasks per domain re-asked behind distractor text (other tasks), once per point of the
+                        sweep: long_context_fractions of the model's context window (cut to what fits with the
+                        prompt and max_new_tokens). distractor_tokens: the one length used when the model names
+                        no context window.
     device:             "auto" (CUDA when visible), "cpu" or "cuda"; bf16 weights on CUDA.
     rollout_engine:     "auto" (vLLM on CUDA when installed, else transformers), "hf" or "vllm".
     vllm_gpu_memory_utilization, vllm_max_model_len: the vLLM engine's settings (0 = the model's context).
@@ -65,12 +68,18 @@ class EvalConfig(ConfigBase):
     repair_turns: int = 1
     long_context_tasks: int = 40
     distractor_tokens: int = 48
+    long_context_fractions: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5])
     seed: int = 0
     batch_size: int = 256
     device: str = "auto"
     rollout_engine: str = "auto"
     vllm_gpu_memory_utilization: float = 0.6
     vllm_max_model_len: int = 0
+
+    def __post_init__(self) -> None:
+        if any(not 0 < f < 1 for f in self.long_context_fractions):
+            raise ValueError(f"long_context_fractions must lie strictly between 0 and 1: "
+                             f"{self.long_context_fractions}")
 
 
 # ----- the stage ----------------------------------------------------------------------------------------------

@@ -272,6 +272,9 @@ def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Opti
                 kl_estimator=cfg.kl_estimator, policy_loss=cfg.policy_loss, is_weights=weights)
             if c.engine_logprobs is not None:
                 st["rollout_mismatch_kl"] = algorithms.mismatch_kl(old, c.engine_logprobs, mask)
+            # mean -log p of the sampled tokens: an estimate of the policy's per-token entropy (its samples are
+            # on-policy), for the gate's collapse check
+            st["entropy"] = algorithms.masked_mean(-logp.detach(), mask)
             # Micro-batches share one normaliser, so accumulation equals the whole-batch loss.
             share = mask.sum() / n_tokens if cfg.loss_agg == "token-mean" else c.completion_mask.shape[0] / n_seqs
             if world > 1:  # DDP/FSDP average gradients over the ranks; padding chunks weigh 0
@@ -670,10 +673,17 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
             # holdout counts (the report's per-round plot) and the round's mean train reward (the gate's
             # reward-hacking rule, read by evaluate into report.json's "rounds")
             "holdout": holdout_counts, "train_reward_mean": sum(rewards) / max(1, len(rewards)),
+            # the gate's KL and entropy sanity rule: the round's mean KL to the reference and token entropy
+            "kl_ref_mean": _mean_of(history, "train/kl_ref"), "entropy_mean": _mean_of(history, "train/entropy"),
             "final_train_metrics": history[-1] if history else {},
             "rollout_engine": rnd.engine_name, "reference": reference, "lora": cfg.lora.enabled,
             "prompts_dropped": {"train": rnd.prompts_dropped, "holdout": holdout_dropped},
             "samples_per_s_this_attempt": rnd.samples_seen / max(elapsed, 1e-9), "world_size": world}
+
+
+def _mean_of(history: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(h[key]) for h in history if key in h]
+    return sum(values) / len(values) if values else None
 
 
 def check_memory(model: Any, ref_model: Any | None, cfg: GRPOConfig, device: torch.device, world: int,

@@ -54,6 +54,11 @@ class SFTConfig(ConfigBase):
                        dropped and counted, and the stage fails when more than `max_overlong_share` of the
                        examples are (naming the longest), because a cut answer loses its final line and its EOS.
     max_overlong_share: share of examples allowed over max_seq_len (dropped) before the stage fails.
+    long_context_share: extra examples, as a share of the task examples, that repeat a task behind distractor
+                       text (other tasks' prompts and references), so the model learns to answer the last
+                       question past filler, as evaluation's long-context sweep asks. 0 = none.
+    long_context_fractions: distractor lengths of those examples, as fractions of max_seq_len, taken in turn
+                       (short to long) and cut to what fits.
     packing:           concatenate examples into full rows with a block-diagonal attention mask and positions
                        restarting per example, so no compute is spent on padding and examples never attend to
                        each other ("packing with attention masking", as in Krell et al. 2021, "Efficient
@@ -89,6 +94,8 @@ class SFTConfig(ConfigBase):
     chat: ChatSettings = field(default_factory=ChatSettings)
     max_seq_len: int = 128
     max_overlong_share: float = 0.01
+    long_context_share: float = 0.0
+    long_context_fractions: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5])
     packing: bool = True
     batch_size: int = 16
     max_steps: int = 300
@@ -106,6 +113,12 @@ class SFTConfig(ConfigBase):
     keep_checkpoints: int = 2
     device: str = "auto"
     parallel: distributed.ParallelConfig = field(default_factory=distributed.ParallelConfig)
+
+    def __post_init__(self) -> None:
+        if self.long_context_share < 0 or not self.long_context_fractions or any(
+                not 0 < f <= 1 for f in self.long_context_fractions):
+            raise ValueError(f"sft: long_context_share must be >= 0 and long_context_fractions in (0, 1], got "
+                             f"{self.long_context_share} and {self.long_context_fractions}")
 
 
 class ExamplesTooLong(ValueError):
@@ -231,6 +244,26 @@ def encode_examples(fmt: PromptFormat, tasks: list[Task], max_seq_len: int,
     return kept, over
 
 
+def long_context_examples(fmt: PromptFormat, tasks: list[Task], share: float, fractions: list[float],
+                          max_seq_len: int, seed: int) -> list[Example]:
+    """round(share * len(tasks)) extra examples: a task (drawn by seed) behind distractors of other tasks, the
+    distractor length cycling through `fractions` of max_seq_len, cut to what fits; loss on the answer only."""
+    from training.evaluation.measure import distractor_text
+
+    rng = random.Random(f"long-context:{seed}")
+    n = min(len(tasks), round(share * len(tasks)))
+    out = []
+    for j, i in enumerate(rng.sample(range(len(tasks)), n) if n else []):
+        base = fmt.sft_example(tasks[i])
+        budget = min(int(fractions[j % len(fractions)] * max_seq_len), max_seq_len - len(base.input_ids))
+        if budget <= 0:
+            continue
+        ex = fmt.sft_example(tasks[i], prefix=distractor_text(tasks, rng, fmt.tokenizer, budget))
+        if len(ex.input_ids) <= max_seq_len:  # filler tokenized apart can merge differently: never cut, skip
+            out.append(Example(ex.input_ids, ex.loss_mask))
+    return out
+
+
 def corpus(tasks: list[Task]) -> list[str]:
     return [t.prompt for t in tasks] + [t.reference for t in tasks if t.reference]
 
@@ -281,8 +314,12 @@ def train(ctx: StageContext) -> dict[str, Any]:
             raise RuntimeError("sft: the ranks built different tokenizers")
     fmt = PromptFormat(tokenizer, cfg.chat, model.generation_config)
     examples, overlong = encode_examples(fmt, tasks, cfg.max_seq_len, cfg.max_overlong_share)
+    long_context = long_context_examples(fmt, tasks, cfg.long_context_share, cfg.long_context_fractions,
+                                         cfg.max_seq_len, cfg.seed) if cfg.long_context_share > 0 else []
+    examples += long_context
     ctx.progress(f"{len(examples)} examples ({'chat template' if fmt.uses_template else 'plain text'}), "
                  f"{len(overlong)} over max_seq_len={cfg.max_seq_len} dropped, "
+                 f"{len(long_context)} of them behind long-context distractors, "
                  f"{models.count_parameters(model):,} parameters, precision {compute_dtype}, "
                  f"lora={cfg.lora.enabled}, gradient_checkpointing={cfg.gradient_checkpointing}, "
                  f"{world} rank(s){' ' + cfg.parallel.strategy if world > 1 else ''}",

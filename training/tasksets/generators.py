@@ -1,4 +1,4 @@
-"""Tiny-profile task generators: short, regular, verifiable tasks in three domains, deterministic by seed.
+"""Tiny-profile task generators: short, regular, verifiable tasks in four domains, deterministic by seed.
 
     generate("math", n=1000, seed=0, difficulties=(1, 2, 3)) -> [Task(id="math-0-0", ...), ...]
 
@@ -16,6 +16,13 @@ references under 42, one surface form per template. Difficulty 1 is learnable by
     object with typed fields).
     1: one field   2: name+age   3: other fields, swapped order   4: three fields   5: a list, or a derived year
 
+- instruction (verifier "ifeval", training/rewards/instructions.py): several verifiable constraints at once,
+    `Say red sun in caps, no commas.` -> `RED SUN`, metadata {"constraints": [{"id": "keywords:existence",
+    "keywords": ["red", "sun"]}, {"id": "change_case:english_capital"}, {"id": "punctuation:no_comma"}]}.
+    The reference satisfies every constraint; any completion that does passes.
+    1: two words, one case constraint   2: three words, no commas, lowercase   3: + under N words
+    4: JSON with given keys and values   5: caps, no commas, ending with a given word, under N words
+
 Item i gets difficulty `difficulties[i % len(difficulties)]` (balanced for stratified splits) and id
 `<domain>-<seed>-<i>`. A generator retries a few times to avoid repeating a prompt within one call, so the
 first n tasks of a call do not depend on n (stable ids), and small difficulty levels whose template space is
@@ -31,7 +38,7 @@ from typing import Any
 
 from training.tasksets.schema import MAX_DIFFICULTY, MIN_DIFFICULTY, Task
 
-DOMAIN_VERIFIER = {"math": "math", "code": "code", "extraction": "json_rules"}
+DOMAIN_VERIFIER = {"math": "math", "code": "code", "extraction": "json_rules", "instruction": "ifeval"}
 _RETRIES = 8
 
 
@@ -222,13 +229,55 @@ def _extraction_task(rng: random.Random, level: int) -> tuple[str, Callable[[], 
                             "metadata": {"schema": _schema(props)}}
 
 
+# ----- instruction following -----------------------------------------------------------------------------------
+_IF_WORDS = ("red", "sun", "cat", "dog", "sky", "tea", "map", "box", "owl", "fig", "ice", "jam", "key", "pen",
+             "cup", "bee", "oak", "ant", "egg", "fox", "hat", "ink", "kit", "log")
+
+
+def _instruction_task(rng: random.Random, level: int) -> tuple[str, Callable[[], dict[str, Any]]]:
+    exist = "keywords:existence"
+    if level <= 3:
+        words = rng.sample(_IF_WORDS, 2 if level == 1 else 3)
+        listed = " ".join(words)
+        if level == 1:
+            caps = rng.random() < 0.5
+            prompt = f"Say {listed} in {'caps' if caps else 'lowercase'}."
+            reference = listed.upper() if caps else listed
+            case = "change_case:english_capital" if caps else "change_case:english_lowercase"
+            constraints = [{"id": exist, "keywords": words}, {"id": case}]
+        else:
+            prompt = f"Say {listed}, lowercase, no commas" + (", under 5 words." if level == 3 else ".")
+            reference = listed
+            constraints = [{"id": exist, "keywords": words}, {"id": "change_case:english_lowercase"},
+                           {"id": "punctuation:no_comma"}]
+            if level == 3:
+                constraints.append({"id": "length_constraints:number_words", "relation": "less than",
+                                    "num_words": 5})
+    elif level == 4:
+        k1, k2, v1, v2 = rng.sample(_IF_WORDS, 4)
+        prompt = f"JSON with keys {k1} {k2}, values {v1} {v2}."
+        reference = json.dumps({k1: v1, k2: v2}, separators=(",", ":"))
+        constraints = [{"id": "detectable_format:json_format", "keys": [k1, k2]},
+                       {"id": exist, "keywords": [v1, v2]}]
+    else:
+        w1, w2, end = rng.sample(_IF_WORDS, 3)
+        prompt = f"Say {w1} {w2} in caps, no commas, end with {end}."
+        reference = f"{w1} {w2} {end}".upper()
+        constraints = [{"id": exist, "keywords": [w1, w2]}, {"id": "change_case:english_capital"},
+                       {"id": "punctuation:no_comma"}, {"id": "startend:end_checker", "end_phrase": end.upper()},
+                       {"id": "length_constraints:number_words", "relation": "less than", "num_words": 6}]
+    return prompt, lambda: {"prompt": prompt, "reference": reference, "answer": None,
+                            "metadata": {"constraints": constraints}}
+
+
 # A maker draws one task: (prompt, finish) where finish() builds the rest of the record.
 _MAKERS: dict[str, Callable[[random.Random, int], tuple[str, Callable[[], dict[str, Any]]]]] = {
-    "math": _math_task, "code": _code_task, "extraction": _extraction_task}
+    "math": _math_task, "code": _code_task, "extraction": _extraction_task, "instruction": _instruction_task}
 
 
 def generate(domain: str, n: int, seed: int, difficulties: tuple[int, ...] = (1, 2, 3, 4, 5)) -> list[Task]:
-    """n tasks of `domain` ("math", "code", "extraction"), deterministic by seed; ids `<domain>-<seed>-<i>`."""
+    """n tasks of `domain` ("math", "code", "extraction", "instruction"), deterministic by seed; ids
+    `<domain>-<seed>-<i>`."""
     if domain not in _MAKERS:
         raise ValueError(f"unknown generator domain {domain!r}; known: {', '.join(_MAKERS)}")
     levels = tuple(int(d) for d in difficulties)

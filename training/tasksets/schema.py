@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-DOMAINS = ("math", "code", "extraction")
+DOMAINS = ("math", "code", "extraction", "instruction")
 MIN_DIFFICULTY, MAX_DIFFICULTY = 1, 5
 
 # Column order in parquet files; also the field order a `taskset check` error walks through.
@@ -23,9 +23,9 @@ class Task:
     """One verifiable task.
 
     id:         unique within a task set.
-    domain:     "math", "code", "extraction" (user sets may add domains).
+    domain:     "math", "code", "extraction", "instruction" (user sets may add domains).
     prompt:     what the model sees.
-    verifier:   name in the reward registry (training/rewards): "math", "code", "json_rules".
+    verifier:   name in the reward registry (training/rewards): "math", "code", "json_rules", "ifeval".
     reference:  one correct completion (the SFT target); "" when the source has none (RL-only tasks).
     answer:     math: the final answer; extraction: the expected JSON text; None for code.
     tests:      code: [{"call": "f(2)", "expected": 4}, ...] or one test program {"program": ..., "entry_point"?,
