@@ -31,8 +31,11 @@ def airflow_token(airflow_url: str, user: str, password: str) -> str:
         return json.load(resp)["access_token"]
 
 
-def api(airflow_url: str, token: str, path: str) -> Any:
-    req = urllib.request.Request(f"{airflow_url}/api/v2/{path}", headers={"Authorization": f"Bearer {token}"})
+def api(airflow_url: str, token: str, path: str, method: str = "GET", body: dict | None = None) -> Any:
+    """Airflow's REST API (/api/v2): GET by default, or `method` with a JSON `body`."""
+    req = urllib.request.Request(f"{airflow_url}/api/v2/{path}", method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.load(resp)
 

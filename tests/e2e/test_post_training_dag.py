@@ -58,8 +58,10 @@ def test_dag_runs_end_to_end_and_promotes(pipeline_run) -> None:
     assert champ is not None and champ.source == storage.join(run_uri, "rl_round_2")
     report = storage.require_manifest(storage.join(run_uri, "evaluate"))
     html = storage.read_bytes(report, "report.html").decode()
-    assert html.count('src="data:image/png;base64,') == 2  # pass@1 per domain, reward per round
-    assert {"plots/pass1_by_domain.png", "plots/reward_per_round.png"} <= set(report.files)
+    # pass@1 per domain, pass@1 along the long-context sweep, reward per round
+    plots = {"plots/pass1_by_domain.png", "plots/long_context_sweep.png", "plots/reward_per_round.png"}
+    assert html.count('src="data:image/png;base64,') == len(plots)
+    assert plots <= set(report.files)
 
 
 def test_mlflow_shows_what_a_reviewer_expects(pipeline_run) -> None:

@@ -6,7 +6,8 @@ training/evaluation/measure.py: pass@1 and pass@k, success by difficulty, the fo
 self-repair for code, long-context consistency and failure modes (capability vs instability).
 
 Outputs under `<run>/evaluate/`: report.json (machine-readable, read by the gate), report.md and report.html
-(with plots: pass@1 per domain against the champion and the SFT baseline, reward per RL round), plots/*.png.
+(with plots: pass@1 per domain against the champion and the SFT baseline, pass@1 along the long-context sweep,
+reward per RL round), plots/*.png.
 All of it is logged to the stage's MLflow run. The measurements live in training/evaluation/measure.py, the
 choice of models in candidates.py, plots and rendering in plots.py and report.py.
 """
