@@ -90,7 +90,8 @@ def test_mlflow_has_its_own_small_image(compose) -> None:
     assert mlflow["image"] != compose["services"]["train"]["image"]
     assert mlflow["build"]["dockerfile"] == "infra/docker/mlflow.Dockerfile"
     dockerfile = (REPO / "infra" / "docker" / "mlflow.Dockerfile").read_text()
-    assert "FROM python:" in dockerfile and "cuda" not in dockerfile.lower().split("from", 1)[1].split("\n")[0]
+    bases = re.findall(r"^FROM\s+(\S+)", dockerfile, flags=re.MULTILINE)
+    assert bases and all(b.startswith("python:") and "cuda" not in b for b in bases), bases
 
 
 def test_sandbox_is_internal_and_gets_a_token(compose) -> None:
