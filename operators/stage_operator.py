@@ -90,9 +90,9 @@ class PosttrainStageOperator(BaseOperator):
 
     def make_launcher(self) -> Launcher:
         if self.spec.launcher == "docker":
-            from operators.launchers.docker import DockerLauncher
+            from operators.launchers.docker import from_env
 
-            return DockerLauncher(self.docker_hook.client)
+            return from_env(self.docker_hook.client, os.environ)
         if self.spec.launcher == "kubernetes":
             from operators.launchers.kubernetes import KubernetesLauncher
 

@@ -3,11 +3,31 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from operators.launchers.base import StageTimeout
 from operators.spec import StageSpec
+
+
+def parse_volumes(text: str) -> dict[str, dict[str, str]]:
+    """`POSTTRAIN_DOCKER_VOLUMES` ("name:/path[:mode]", comma-separated, as `docker run -v`) in the SDK's form.
+    compose sets it so every stage shares the Hugging Face cache volume instead of downloading the model again."""
+    volumes: dict[str, dict[str, str]] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        source, _, rest = item.partition(":")
+        bind, _, mode = rest.partition(":")
+        if not source or not bind.startswith("/"):
+            raise ValueError(f"POSTTRAIN_DOCKER_VOLUMES entry {item!r}: use name:/container/path[:ro|rw]")
+        volumes[source] = {"bind": bind, "mode": mode or "rw"}
+    return volumes
+
+
+def from_env(client: Any, environ: Mapping[str, str]) -> DockerLauncher:
+    """The launcher as the deployment configures it: POSTTRAIN_DOCKER_NETWORK (the compose network, so stages
+    reach minio and mlflow by name) and POSTTRAIN_DOCKER_VOLUMES."""
+    return DockerLauncher(client, network=environ.get("POSTTRAIN_DOCKER_NETWORK") or None,
+                          volumes=parse_volumes(environ.get("POSTTRAIN_DOCKER_VOLUMES", "")))
 
 
 class DockerLauncher:

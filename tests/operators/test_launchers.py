@@ -126,6 +126,27 @@ def test_docker_nonzero_exit_code(client) -> None:
     assert DockerLauncher(client).run(StageSpec("sft", launcher="docker"), ["x"], {}, lambda _: None) == 137
 
 
+def test_docker_from_env_joins_the_network_and_mounts_the_cache(client) -> None:
+    from operators.launchers.docker import from_env
+
+    launcher = from_env(client, {"POSTTRAIN_DOCKER_NETWORK": "posttrain",
+                                 "POSTTRAIN_DOCKER_VOLUMES": "posttrain-hf-cache:/cache, data:/data:ro"})
+    launcher.run(StageSpec("sft", launcher="docker"), ["posttrain"], {}, lambda _: None)
+    kwargs = client.containers.run.call_args.kwargs
+    assert kwargs["network"] == "posttrain"
+    assert kwargs["volumes"] == {"posttrain-hf-cache": {"bind": "/cache", "mode": "rw"},
+                                 "data": {"bind": "/data", "mode": "ro"}}
+
+
+def test_docker_from_env_defaults_and_rejects_bad_volumes(client) -> None:
+    from operators.launchers.docker import from_env, parse_volumes
+
+    launcher = from_env(client, {})
+    assert launcher.network is None and launcher.volumes == {}
+    with pytest.raises(ValueError, match="name:/container/path"):
+        parse_volumes("posttrain-hf-cache")
+
+
 def test_spec_validates_launcher() -> None:
     with pytest.raises(ValueError, match="not one of local, docker, kubernetes"):
         StageSpec("sft", launcher="slurm")

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
+# torch is imported where it is used: the Airflow image imports ENGINES (the trigger form) and has no torch.
+if TYPE_CHECKING:
+    import torch
 
 Prompt = Sequence[int] | str
 
@@ -66,6 +68,8 @@ def prompt_ids(tokenizer: Any, prompts: Sequence[Prompt]) -> list[list[int]]:
 def left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention_mask), each (N, P): rows right-aligned, padding on the left, as batched decoding needs."""
     width = max((len(r) for r in rows), default=0)
+    import torch
+
     ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (N, P)
     attn = torch.zeros((len(rows), width), dtype=torch.long)  # (N, P)
     for i, row in enumerate(rows):
