@@ -54,8 +54,12 @@ status:
 demo: install
 	$(PY) infra/local/demo.py
 
+# benchmarks/qwen2.py at every size and length takes a long while on 2 cores: `make bench QWEN2_ARGS=--quick`
+# runs only its 5M model.
+QWEN2_ARGS ?=
 bench: install
 	@for b in benchmarks/taskset.py benchmarks/sandbox.py benchmarks/rl.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@echo "== benchmarks/qwen2.py $(QWEN2_ARGS)"; $(PY) benchmarks/qwen2.py $(QWEN2_ARGS)
 
 gpu-check:
 	bash infra/gpu-check.sh

@@ -94,7 +94,16 @@ def test_step_updates_policy_and_is_deterministic(tiny_model, monkeypatch) -> No
     assert m1["groups_drawn"] == 4 and m1["groups_kept"] == 4 and "train/loss" in m1 and m1["train/grad_norm"] > 0
     # the gate's KL and entropy sanity rule reads these (beta > 0: a KL to the reference is computed)
     assert m1["train/entropy"] > 0 and m1["train/kl_ref"] >= 0
-    assert {k: v for k, v in m1.items() if k != "step_seconds"} == {k: v for k, v in m2.items() if k != "step_seconds"}
+
+    def untimed(m: dict) -> dict:
+        return {k: v for k, v in m.items() if k != "step_seconds" and not k.startswith("time/")}
+
+    assert untimed(m1) == untimed(m2)
+    # the per-phase breakdown of the step (training.phases), logged to MLflow with the other metrics
+    phases = {"time/rollout_s", "time/reward_s", "time/reference_s", "time/policy_s", "time/optimizer_s",
+              "time/weight_sync_s"}
+    assert phases <= set(m1) and all(m1[k] >= 0 for k in phases)
+    assert sum(v for k, v in m1.items() if k.startswith("time/")) <= m1["step_seconds"] + 0.05
     assert all(torch.equal(s1[k], s2[k]) for k in s1)
     assert any(not torch.equal(s1[k], model.state_dict()[k]) for k in s1)
 

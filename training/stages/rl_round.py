@@ -37,9 +37,17 @@ from training.chat import PromptFormat
 from training.config import ConfigBase
 from training.curriculum import Curriculum, domain_counts, pick_prompts
 from training.devices import resolve_device
-from training.grpo_batches import PackedGroups, RolloutBatch, completion_logprobs, micro_batches, takes_4d_mask
+from training.grpo_batches import (
+    PackedGroups,
+    RolloutBatch,
+    attention_pair_cost,
+    completion_logprobs,
+    micro_batches,
+    takes_4d_mask,
+)
 from training.lora import LoraSettings, apply_lora, is_lora, merged_state_dict, reference_mode
 from training.optimizers import adamw
+from training.phases import PhaseTimer
 from training.precision import autocast, enable_gradient_checkpointing, resolve_precision
 from training.rollout import ENGINES, Completion, make_engine
 from training.rollout.base import length_cut_share
@@ -80,6 +88,8 @@ class GRPOConfig(ConfigBase):
     packed_groups:      lay each group out as one row (the prompt once, its completions back to back, a
                         block attention mask) instead of one padded row per completion: ~3x fewer tokens
                         through the model in the update (training.grpo_batches). Needs eager or sdpa attention.
+                        A micro-batch whose completions are about equally long is padded instead, where that
+                        costs fewer FLOPs (packed attention grows with the square of the whole group).
     dynamic_sampling:   drop zero-variance groups and refill (DAPO); bounded by `max_sampling_batches`.
     min_informative:    fraction of prompts_per_step that must be informative groups before the update runs
                         (fewer after max_sampling_batches draws: update on what there is, or skip if none).
@@ -230,7 +240,7 @@ def use_tis(cfg: GRPOConfig, engine_name: str) -> bool:
 def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer,
                   chunks: Sequence[RolloutBatch | PackedGroups], cfg: GRPOConfig, tis: bool = False,
                   compute_dtype: torch.dtype = torch.float32, trainer: Any | None = None,
-                  live: Sequence[bool] | None = None) -> dict[str, float]:
+                  live: Sequence[bool] | None = None, timer: PhaseTimer | None = None) -> dict[str, float]:
     """`updates_per_batch` optimizer steps on one rollout batch (as micro-batches); averaged loss statistics.
     The KL reference is `ref_model`, or with a LoRA policy its adapter-disabled base. With `tis`, each token's
     policy gradient is weighted by the truncated trainer/engine probability ratio.
@@ -238,17 +248,21 @@ def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Opti
     Under N ranks `chunks` are this rank's share and `trainer` the DDP/FSDP module; the normalisers are global
     and the loss is scaled by N, so the averaged gradient is the whole batch's. Every rank must run the same
     number of forward/backward passes (each is a collective), so a rank pads its chunks with copies marked
-    not `live`: they run, with weight 0."""
+    not `live`: they run, with weight 0. `timer` (if given) is charged the reference forward, the policy's
+    forward and backward, and the optimizer step (clipping included)."""
     device = chunks[0].completion_mask.device
+    timer = timer or PhaseTimer()
     trainer = model if trainer is None else trainer
     world = distributed.world_size()
     weight = [1.0 if live is None or alive else 0.0 for alive in (live or [True] * len(chunks))]
     with torch.no_grad(), autocast(device, compute_dtype):
         has_ref = cfg.beta and (ref_model is not None or is_lora(model))
-        ref_logp = ([reference_logprobs(model, ref_model, c, cfg.temperature) for c in chunks]
-                    if has_ref else None)  # [(n, L_c)]
-        old_logp = ([completion_logprobs(trainer, c, cfg.temperature) for c in chunks]
-                    if cfg.updates_per_batch > 1 else None)  # [(n, L_c)]
+        with timer.phase("reference"):
+            ref_logp = ([reference_logprobs(model, ref_model, c, cfg.temperature) for c in chunks]
+                        if has_ref else None)  # [(n, L_c)]
+        with timer.phase("policy"):
+            old_logp = ([completion_logprobs(trainer, c, cfg.temperature) for c in chunks]
+                        if cfg.updates_per_batch > 1 else None)  # [(n, L_c)]
     n_tokens = torch.stack([c.completion_mask.sum() for c in chunks]).sum().clamp(min=1)
     n_seqs = sum(c.completion_mask.shape[0] for c in chunks)
     if world > 1:  # global normalisers, from the live chunks of every rank
@@ -258,36 +272,38 @@ def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Opti
     stats: dict[str, float] = defaultdict(float)
     for _ in range(cfg.updates_per_batch):
         optimizer.zero_grad(set_to_none=True)
-        for j, c in enumerate(chunks):
-            mask = c.completion_mask.float()  # (n, L_c)
-            with autocast(device, compute_dtype):
-                logp = completion_logprobs(trainer, c, cfg.temperature)  # (n, L_c)
-            old = old_logp[j] if old_logp is not None else logp.detach()  # (n, L_c)
-            weights = None
-            if tis and c.engine_logprobs is not None:
-                weights = algorithms.truncated_is_weights(old, c.engine_logprobs, cfg.tis_cap)  # (n, L_c)
-            loss, st = algorithms.grpo_loss(
-                logp, old, ref_logp[j] if ref_logp is not None else None, c.advantages, mask,
-                beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.loss_agg,
-                kl_estimator=cfg.kl_estimator, policy_loss=cfg.policy_loss, is_weights=weights)
-            if c.engine_logprobs is not None:
-                st["rollout_mismatch_kl"] = algorithms.mismatch_kl(old, c.engine_logprobs, mask)
-            # mean -log p of the sampled tokens: an estimate of the policy's per-token entropy (its samples are
-            # on-policy), for the gate's collapse check
-            st["entropy"] = algorithms.masked_mean(-logp.detach(), mask)
-            # Micro-batches share one normaliser, so accumulation equals the whole-batch loss.
-            share = mask.sum() / n_tokens if cfg.loss_agg == "token-mean" else c.completion_mask.shape[0] / n_seqs
-            if world > 1:  # DDP/FSDP average gradients over the ranks; padding chunks weigh 0
-                share = share * weight[j]
-                (loss * share * world).backward()
-            else:
-                (loss * share).backward()
-            for k, v in st.items():
-                stats[k] += float(v) * float(share) / cfg.updates_per_batch
-            stats["loss"] += float(loss.detach()) * float(share) / cfg.updates_per_batch
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0
-                                                   else float("inf"))
-        optimizer.step()
+        with timer.phase("policy"):  # forward and backward of every micro-batch
+            for j, c in enumerate(chunks):
+                mask = c.completion_mask.float()  # (n, L_c)
+                with autocast(device, compute_dtype):
+                    logp = completion_logprobs(trainer, c, cfg.temperature)  # (n, L_c)
+                old = old_logp[j] if old_logp is not None else logp.detach()  # (n, L_c)
+                weights = None
+                if tis and c.engine_logprobs is not None:
+                    weights = algorithms.truncated_is_weights(old, c.engine_logprobs, cfg.tis_cap)  # (n, L_c)
+                loss, st = algorithms.grpo_loss(
+                    logp, old, ref_logp[j] if ref_logp is not None else None, c.advantages, mask,
+                    beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.loss_agg,
+                    kl_estimator=cfg.kl_estimator, policy_loss=cfg.policy_loss, is_weights=weights)
+                if c.engine_logprobs is not None:
+                    st["rollout_mismatch_kl"] = algorithms.mismatch_kl(old, c.engine_logprobs, mask)
+                # mean -log p of the sampled tokens: an estimate of the policy's per-token entropy (its samples
+                # are on-policy), for the gate's collapse check
+                st["entropy"] = algorithms.masked_mean(-logp.detach(), mask)
+                # Micro-batches share one normaliser, so accumulation equals the whole-batch loss.
+                share = mask.sum() / n_tokens if cfg.loss_agg == "token-mean" else c.completion_mask.shape[0] / n_seqs
+                if world > 1:  # DDP/FSDP average gradients over the ranks; padding chunks weigh 0
+                    share = share * weight[j]
+                    (loss * share * world).backward()
+                else:
+                    (loss * share).backward()
+                for k, v in st.items():
+                    stats[k] += float(v) * float(share) / cfg.updates_per_batch
+                stats["loss"] += float(loss.detach()) * float(share) / cfg.updates_per_batch
+        with timer.phase("optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0
+                                                       else float("inf"))
+            optimizer.step()
         stats["grad_norm"] += distributed.scalar(grad_norm) / cfg.updates_per_batch
     if world > 1:  # each rank's stats are its share of the global ones; the norm is already global
         norm = stats.pop("grad_norm")
@@ -385,6 +401,8 @@ class Round:
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
     trainer: Any = None  # the module the update runs through: DDP around `model`, or `model` (FSDP, 1 process)
     rollout_model: Any = None  # what the hf engine samples from: `model`, or a full replica under FSDP
+    timer: PhaseTimer = field(default_factory=PhaseTimer)  # the current step's time per phase (time/<phase>_s)
+    pair_cost: float = 0.0  # attention cost per (query, key) pair: packs a micro-batch only where that pays
 
     @classmethod
     def build(cls, cfg: GRPOConfig, round_: int, model: Any, tokenizer: Any, ref_model: Any | None,
@@ -408,9 +426,12 @@ class Round:
                              **engine_options(cfg, engine_name))
         low, high = cfg.curriculum_band
         curriculum = Curriculum((low, high), cfg.curriculum_floor, cfg.curriculum_ema)
+        # kernels run asynchronously on CUDA: sync at phase boundaries, or a phase is charged its predecessor's work
+        sync = torch.cuda.synchronize if device.type == "cuda" else None
         return cls(cfg, round_, model, tokenizer, ref_model, optimizer, engine, pool, curriculum, device, fmt,
                    engine_name, resolve_precision(cfg.precision, device), dropped,
-                   trainer=model if trainer is None else trainer, rollout_model=rollout_model)
+                   trainer=model if trainer is None else trainer, rollout_model=rollout_model,
+                   timer=PhaseTimer(sync=sync), pair_cost=attention_pair_cost(model))
 
     def sync_rollout_weights(self) -> float | None:
         """Give the rollout engine the newest policy; seconds taken, or None when it already samples from the
@@ -441,23 +462,30 @@ class Round:
         cfg, G = self.cfg, self.cfg.samples_per_prompt
         seeding = cfg.parallel.rollout_seeding
         if distributed.world_size() == 1 and seeding == "batch":
-            groups = self.engine.generate([self.prompt_ids(t) for t in tasks], G, cfg.max_new_tokens,
-                                          cfg.temperature, cfg.top_p,
-                                          seed=derive_seed(cfg.seed, self.round, step, draw, "sample"))
-            return groups, score_tasks([t for t in tasks for _ in range(G)], [c.text for g in groups for c in g])
+            with self.timer.phase("rollout"):
+                groups = self.engine.generate([self.prompt_ids(t) for t in tasks], G, cfg.max_new_tokens,
+                                              cfg.temperature, cfg.top_p,
+                                              seed=derive_seed(cfg.seed, self.round, step, draw, "sample"))
+            with self.timer.phase("reward"):
+                return groups, score_tasks([t for t in tasks for _ in range(G)],
+                                           [c.text for g in groups for c in g])
         mine = distributed.shard_indices(len(tasks), distributed.rank(), distributed.world_size())
-        if seeding == "prompt":  # a prompt's samples depend on its position only, not on which rank draws them
-            my_groups = [self.engine.generate([self.prompt_ids(tasks[i])], G, cfg.max_new_tokens, cfg.temperature,
-                                              cfg.top_p, seed=derive_seed(cfg.seed, self.round, step, draw,
-                                                                          "sample", i))[0] for i in mine]
-        else:
-            my_groups = self.engine.generate([self.prompt_ids(tasks[i]) for i in mine], G, cfg.max_new_tokens,
-                                             cfg.temperature, cfg.top_p,
-                                             seed=derive_seed(cfg.seed, self.round, step, draw, "sample",
-                                                              distributed.rank()))
-        my_scores = score_tasks([tasks[i] for i in mine for _ in range(G)], [c.text for g in my_groups for c in g])
+        with self.timer.phase("rollout"):
+            if seeding == "prompt":  # a prompt's samples depend on its position only, not on which rank draws them
+                my_groups = [self.engine.generate([self.prompt_ids(tasks[i])], G, cfg.max_new_tokens, cfg.temperature,
+                                                  cfg.top_p, seed=derive_seed(cfg.seed, self.round, step, draw,
+                                                                              "sample", i))[0] for i in mine]
+            else:
+                my_groups = self.engine.generate([self.prompt_ids(tasks[i]) for i in mine], G, cfg.max_new_tokens,
+                                                 cfg.temperature, cfg.top_p,
+                                                 seed=derive_seed(cfg.seed, self.round, step, draw, "sample",
+                                                                  distributed.rank()))
+        with self.timer.phase("reward"):
+            my_scores = score_tasks([tasks[i] for i in mine for _ in range(G)],
+                                    [c.text for g in my_groups for c in g])
         scored = [(g, my_scores[k * G:(k + 1) * G]) for k, g in enumerate(my_groups)]
-        everything = distributed.gather(scored, len(tasks))
+        with self.timer.phase("rollout"):  # waiting for the other ranks' groups
+            everything = distributed.gather(scored, len(tasks))
         return [g for g, _ in everything], [r for _, rs in everything for r in rs]
 
     def update_chunks(self, kept: list[tuple[Task, list[Completion], list[float]]],
@@ -471,7 +499,7 @@ class Round:
             return micro_batches(self.tokenizer, [self.prompt_ids(kept[i][0]) for i in idx],
                                  [kept[i][1] for i in idx], adv[idx].flatten(), self.device, cfg.micro_batch_size,
                                  cfg.packed_groups and takes_4d_mask(self.model),
-                                 next(self.model.parameters()).dtype)
+                                 next(self.model.parameters()).dtype, pair_cost=self.pair_cost)
 
         if distributed.world_size() == 1:
             return chunked(list(range(len(kept)))), None
@@ -490,6 +518,7 @@ class Round:
     def step(self, step: int) -> dict[str, float]:
         """Training step `step` (0-based): sample, score, filter, update. Returns its metrics."""
         cfg, t0 = self.cfg, time.monotonic()
+        self.timer.reset()
         torch.manual_seed(derive_seed(cfg.seed, self.round, step, "torch"))
         lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
         for group in self.optimizer.param_groups:
@@ -529,13 +558,16 @@ class Round:
         if kept:
             rewards = torch.tensor([r for _, _, r in kept])  # (K, G)
             adv = algorithms.get_advantage(cfg.advantage)(rewards)  # (K, G)
-            chunks, live = self.update_chunks(kept, adv)
-            self.engine.sleep()  # vLLM with sleep mode gives the GPU back to the trainer for the update
+            with self.timer.phase("prepare"):  # laying the groups out as tensors (training.grpo_batches)
+                chunks, live = self.update_chunks(kept, adv)
+            with self.timer.phase("weight_sync"):
+                self.engine.sleep()  # vLLM with sleep mode gives the GPU back to the trainer for the update
             stats = policy_update(self.model, self.ref_model, self.optimizer, chunks, cfg,
                                   tis=use_tis(cfg, self.engine_name), compute_dtype=self.compute_dtype,
-                                  trainer=self.trainer, live=live)
-            self.engine.wake_up()
-            synced = self.sync_rollout_weights()
+                                  trainer=self.trainer, live=live, timer=self.timer)
+            with self.timer.phase("weight_sync"):
+                self.engine.wake_up()
+                synced = self.sync_rollout_weights()
             if synced is not None:
                 stats["weight_sync_seconds"] = synced
             self.last_rows = [{"step": step + 1, "domain": t.domain, "difficulty": t.difficulty,
@@ -552,6 +584,7 @@ class Round:
                         "zero_variance_frac": zero_var / max(1, drawn), "lr": lr,
                         "rollout/length_cut_frac": sum(cut_by_length) / max(1, len(cut_by_length)),
                         "step_seconds": time.monotonic() - t0})
+        metrics.update(self.timer.metrics())  # time/<phase>_s: where this step's time went
         return metrics
 
 
@@ -635,10 +668,11 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
         metrics = rnd.step(step)
         done = step + 1
         metrics.update({f"curriculum/{k}": v for k, v in sorted(rnd.curriculum.rates.items())})
-        # history is what a retried round must reproduce: no timings (step, weight sync) and no memory, which
+        # history is what a retried round must reproduce: no timings (step, phases) and no memory, which
         # differ run to run; MLflow gets them all
         history.append({"step": done, **{k: v for k, v in metrics.items()
-                                          if not k.startswith("curriculum/") and not k.endswith("_seconds")}})
+                                          if not k.startswith(("curriculum/", "time/"))
+                                          and not k.endswith("_seconds")}})
         ctx.progress("step", step=done, **metrics, **distributed.peak_memory_metrics(device))
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
             checkpointing.save(ctx.stage_uri, done, trainer, rnd.optimizer, tokenizer,
