@@ -40,6 +40,19 @@ def api(airflow_url: str, token: str, path: str, method: str = "GET", body: dict
         return json.load(resp)
 
 
+def wait_for_dag(airflow_url: str, token: str, dag_id: str, timeout_s: float = 180) -> None:
+    """The DAG processor parses the DAG files shortly after start; the API and UI know a DAG only after that."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            api(airflow_url, token, f"dags/{dag_id}")
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"after {timeout_s:.0f}s: DAG {dag_id} was never parsed") from None
+            time.sleep(2)
+
+
 def newest_run(airflow_url: str, token: str, dag_id: str) -> tuple[str, dict] | None:
     """The newest run of `dag_id` (id and conf), or None before the first."""
     runs = api(airflow_url, token, f"dags/{dag_id}/dagRuns?order_by=-start_date&limit=1")["dag_runs"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -61,20 +60,11 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory):
         os.environ.update(saved)
 
 
-def _wait_for_dag(stack: Stack, dag_id: str, timeout_s: float = 180) -> None:
-    """The DAG processor parses the DAG files shortly after start; the UI shows a DAG only after that."""
-    from browser_helpers import airflow_token, api
+def _wait_for_dag(stack: Stack, dag_id: str) -> None:
+    from browser_helpers import airflow_token, wait_for_dag
 
-    token = airflow_token(stack.airflow_url, AIRFLOW_USER, stack.airflow_password() or "")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            api(stack.airflow_url, token, f"dags/{dag_id}")
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(2)
+    wait_for_dag(stack.airflow_url, airflow_token(stack.airflow_url, AIRFLOW_USER, stack.airflow_password() or ""),
+                 dag_id)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import time
 from urllib.parse import quote
 
 import pytest
-from browser_helpers import api, newest_run
+from browser_helpers import api, newest_run, wait_for_dag
 
 from infra.local.stack import Stack
 
@@ -216,7 +216,7 @@ def test_unanswered_approval_times_out_as_a_reject(ui_stack, airflow_token) -> N
     from operators.approval import TIMEOUT_BY
 
     dag = "test_approval_timeout"
-    _wait_for_dag_parsed(ui_stack, airflow_token, dag)
+    wait_for_dag(ui_stack.airflow_url, airflow_token, dag)
     api(ui_stack.airflow_url, airflow_token, f"dags/{dag}", "PATCH", {"is_paused": False})
     run = api(ui_stack.airflow_url, airflow_token, f"dags/{dag}/dagRuns", "POST", {"logical_date": None})
     path = f"dags/{dag}/dagRuns/{quote(run['dag_run_id'])}"
@@ -231,13 +231,3 @@ def test_unanswered_approval_times_out_as_a_reject(ui_stack, airflow_token) -> N
     assert answer == {"asked": True, "approved": False, "by": TIMEOUT_BY, "at": answer["at"]}
     assert answer["at"], "the timeout's time is recorded"
 
-
-def _wait_for_dag_parsed(stack: Stack, token: str, dag_id: str, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            api(stack.airflow_url, token, f"dags/{dag_id}")
-            return
-        except OSError:
-            assert time.monotonic() < deadline, f"{dag_id} never appeared"
-            time.sleep(2)

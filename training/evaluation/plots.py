@@ -30,10 +30,7 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     ax.set_ylim(0, 100)
     ax.set_title("pass@1 per domain: candidate vs champion vs SFT baseline")
     ax.legend(loc="upper right")
-    fig.tight_layout()
-    paths["pass1_by_domain"] = out_dir / "pass1_by_domain.png"
-    fig.savefig(paths["pass1_by_domain"], dpi=110)
-    plt.close(fig)
+    paths["pass1_by_domain"] = _save(fig, out_dir / "pass1_by_domain.png")
 
     sweeps = {(name, d): rep["domains"][d].get("long_context_sweep", []) for name, rep in models.items()
               for d in domains if d in rep["domains"]}
@@ -50,10 +47,7 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         ax.set_ylim(0, 100)
         ax.set_title("long context: pass@1 behind distractors of growing length")
         ax.legend(fontsize=7, loc="upper right")
-        fig.tight_layout()
-        paths["long_context_sweep"] = out_dir / "long_context_sweep.png"
-        fig.savefig(paths["long_context_sweep"], dpi=110)
-        plt.close(fig)
+        paths["long_context_sweep"] = _save(fig, out_dir / "long_context_sweep.png")
 
     rounds = report.get("rounds", [])
     if rounds:
@@ -70,8 +64,15 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         ax.set_ylim(0, 1)
         ax.set_title("reward and holdout per RL round")
         ax.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        paths["reward_per_round"] = out_dir / "reward_per_round.png"
-        fig.savefig(paths["reward_per_round"], dpi=110)
-        plt.close(fig)
+        paths["reward_per_round"] = _save(fig, out_dir / "reward_per_round.png")
     return paths
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Write `fig` as a PNG and free it (pyplot keeps every open figure alive)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
