@@ -73,20 +73,13 @@ class GateConfig(ConfigBase):
 
 
 
-def _counts(model_report: dict[str, Any]) -> dict[str, Counts]:
-    return {d: Counts(int(r["pass1"]["passed"]), int(r["pass1"]["total"]))
-            for d, r in model_report["domains"].items()}
-
-
 def metric_counts(model_report: dict[str, Any], metric: str) -> dict[str, Counts]:
     """Counts per domain of one dimension of an evaluated model (domains without it are left out)."""
     out = {}
     for d, r in model_report["domains"].items():
         total = int(r["pass1"]["total"])
-        if metric in ("pass1", "pass1_strict") and metric in r:
+        if metric in ("pass1", "pass1_strict", "format") and metric in r:
             out[d] = Counts(int(r[metric]["passed"]), int(r[metric]["total"]))
-        elif metric == "format" and "format" in r:
-            out[d] = Counts(int(r["format"]["passed"]), int(r["format"]["total"]))
         elif metric == "format" and "format_rate" in r:  # reports before format counts were kept
             out[d] = Counts(round(float(r["format_rate"]) * total), total)
         elif metric == "long_context" and r.get("long_context_sweep"):
@@ -114,8 +107,8 @@ def render_verdict_markdown(verdict: dict[str, Any]) -> str:
 
 def verdict_from_report(report: dict[str, Any], cfg: GateConfig) -> dict[str, Any]:
     models = report["models"]
-    candidate = _counts(models["candidate"])
-    references = {name: _counts(models[name]) for name in ("champion", "sft") if name in models}
+    candidate = metric_counts(models["candidate"], "pass1")
+    references = {name: metric_counts(models[name], "pass1") for name in ("champion", "sft") if name in models}
     rounds = report.get("rounds", [])
     train_reward = [float(r["train_reward_mean"]) for r in rounds if "train_reward_mean" in r]
     # Reward hacking is judged on the RL rounds' own holdout checks: before the first round is the SFT model.
