@@ -20,15 +20,31 @@ def _task(*constraints: dict) -> Task:
     ({"id": "change_case:english_capital"}, "RED SUN", "RED sun"),
     ({"id": "length_constraints:number_words", "relation": "less than", "num_words": 3}, "a b", "a b c"),
     ({"id": "length_constraints:number_words", "relation": "at least", "num_words": 3}, "a b c", "a b"),
-    ({"id": "keywords:existence", "keywords": ["red", "sun"]}, "Sun and RED", "sunny red"),
+    ({"id": "keywords:existence", "keywords": ["red", "sun"]}, "Sun and RED", "red moon"),
     ({"id": "keywords:forbidden_words", "forbidden_words": ["cat"]}, "catalogue", "a cat"),
     ({"id": "startend:end_checker", "end_phrase": "JAM"}, "SUN JAM \n", "JAM SUN"),
     ({"id": "detectable_format:json_format", "keys": ["a", "b"]}, '{"b": 1, "a": 2}', '{"a": 1}'),
     ({"id": "detectable_format:json_format"}, " [1, 2] ", "[1, 2"),
+    ({"id": "detectable_format:json_format"}, '```json\n{"a": 1}\n```', '```{"a": 1'),
+    # IFEval checks this project does not implement itself: they come from the if-verifiable package
+    ({"id": "startend:quotation"}, '"red sun"', "red sun"),
+    ({"id": "detectable_format:number_bullet_lists", "num_bullets": 2}, "* red\n* sun", "* red"),
+    ({"id": "keywords:letter_frequency", "letter": "a", "let_frequency": 3, "let_relation": "at least"},
+     "a banana", "a bee"),
 ])
 def test_each_constraint_on_planted_completions(constraint, good, bad) -> None:
     assert constraint_results([constraint], good) == [True]
     assert constraint_results([constraint], bad) == [False]
+
+
+def test_case_checks_do_not_depend_on_language_detection() -> None:
+    """IFEval's own case checks also ask langdetect for "en", which it is not for a few short words."""
+    import langdetect
+
+    langdetect.DetectorFactory.seed = 0
+    assert langdetect.detect("red sun cat") != "en"  # what IFEval's check would have failed on
+    assert constraint_results([{"id": "change_case:english_lowercase"}], "red sun cat") == [True]
+    assert constraint_results([{"id": "change_case:english_capital"}], "OWL FIG ICE") == [True]
 
 
 def test_all_constraints_must_hold_and_explain_names_the_broken_ones() -> None:
@@ -56,6 +72,9 @@ def test_row_problems() -> None:
     assert v.row_problems(None, [], {}) and "unknown constraint" in v.row_problems(None, [], {
         "constraints": [{"id": "poetry:rhymes"}]})[0][1]
     assert v.row_problems(None, [], {"constraints": [{"id": "punctuation:no_comma"}]}) == []
+    # IFEval draws a missing kwarg at random; a task must say it
+    problem = v.row_problems(None, [], {"constraints": [{"id": "length_constraints:number_words", "num_words": 3}]})
+    assert problem and "relation" in problem[0][1]
 
 
 def test_generated_tasks_every_level_references_pass_and_combine_constraints() -> None:

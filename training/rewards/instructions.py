@@ -2,46 +2,58 @@
 
 A task lists its constraints in `metadata["constraints"]`, each `{"id": <IFEval instruction id>, **kwargs}`
 with the ids and keyword names of IFEval (Zhou et al. 2023, "Instruction-Following Evaluation for Large
-Language Models") where one exists, so a task set can later be checked by that code too:
+Language Models"). The checks are IFEval's own, from the `if-verifiable` package (its copy of Google's
+`instructions.py`), so a score here means what it means on IFEval. Every IFEval id is accepted, e.g.:
 
     punctuation:no_comma                  no "," anywhere
-    change_case:english_lowercase         letters present, none upper case
-    change_case:english_capital           letters present, none lower case
-    length_constraints:number_words       {"relation": "less than" | "at least", "num_words": N} (whitespace words)
-    keywords:existence                    {"keywords": [...]}: each appears as a word (case-insensitive)
+    length_constraints:number_words       {"relation": "less than" | "at least", "num_words": N}
+    keywords:existence                    {"keywords": [...]}: each appears (case-insensitive search)
     keywords:forbidden_words              {"forbidden_words": [...]}: none appears as a word
-    startend:end_checker                  {"end_phrase": "..."}: the response ends with it (trailing space ignored)
-    detectable_format:json_format         the whole response is one JSON value; with {"keys": [...]} (our
-                                          extension) an object with exactly those keys
+    startend:end_checker                  {"end_phrase": "..."}: the response ends with it (case-insensitive)
+    detectable_format:json_format         the whole response is one JSON value (``` fences allowed); with
+                                          {"keys": [...]} (our extension) an object with exactly those keys
 
-Pass (score 1.0) means every constraint holds (IFEval's "prompt-level strict" accuracy); `explain` names the
-ones that do not. The format rate is "the response is non-empty and, where JSON is asked for, parses".
+Two deliberate differences, both for short responses:
+- `change_case:english_lowercase` / `english_capital` are IFEval's case rule (`str.islower()` /
+  `str.isupper()`) without its language check: IFEval also requires `langdetect` to call the text English, which
+  it does not do for a few words ("red sun cat" is detected as Romanian, "owl fig ice" as Welsh), so correct
+  answers to short tasks would fail at random.
+- IFEval's kwargs left out are drawn at random by its `build_description`; here a missing kwarg is a row error
+  (`row_problems`), so a task means the same thing every time it is checked.
 
-Why hand-written and not the `if-verifiable` package (IFEval and IFBench checks): it is not a dependency of
-this project and cannot be installed into its environment here, and IFEval's own checks pull in nltk and
-langdetect with data downloads; the checks above are the handful the tiny profile's generator uses, each a few
-lines that tests/rewards/test_instructions.py pins on planted completions.
+IFEval checks that split sentences or tag words (e.g. `change_case:capital_word_frequency`,
+`length_constraints:number_sentences`) need NLTK's tokenizer data, which is not installed with the package
+(`python -m nltk.downloader punkt_tab`, where downloads are allowed); the tiny generator uses none of them.
+
+Pass (score 1.0) means every constraint holds (IFEval's "prompt-level strict" accuracy); `strict` is the same and
+`score` is the same too (no loose variants: a reward must not pay for text around the answer). `explain` names
+the constraints not followed. The format rate is "the response is non-empty and, where JSON is asked for, parses".
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from training.rewards.base import Verifier, register_verifier
 
-_WORD = re.compile(r"[A-Za-z0-9_']+")
 
+@functools.lru_cache(maxsize=1)
+def _registry() -> dict[str, Any]:
+    # Imported on first use: the package pulls in nltk, langdetect and datasets (a few seconds), which only
+    # stages that verify instruction tasks should pay.
+    from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT
 
-def _words(text: str) -> list[str]:
-    return [w.lower() for w in _WORD.findall(text)]
+    return dict(INSTRUCTION_DICT)
 
 
 def _json_value(text: str) -> Any:
+    body = text.strip().removeprefix("```json").removeprefix("```").removesuffix("```").strip()
     try:
-        return json.loads(text.strip())
+        return json.loads(body)
     except ValueError:
         return _MISSING
 
@@ -49,35 +61,12 @@ def _json_value(text: str) -> Any:
 _MISSING = object()
 
 
-def _no_comma(text: str, **_: Any) -> bool:
-    return "," not in text
-
-
 def _lowercase(text: str, **_: Any) -> bool:
-    return any(c.isalpha() for c in text) and text == text.lower()
+    return text.islower()
 
 
 def _capital(text: str, **_: Any) -> bool:
-    return any(c.isalpha() for c in text) and text == text.upper()
-
-
-def _number_words(text: str, relation: str = "less than", num_words: int = 0, **_: Any) -> bool:
-    n = len(text.split())
-    return n < int(num_words) if relation == "less than" else n >= int(num_words)
-
-
-def _existence(text: str, keywords: Sequence[str] = (), **_: Any) -> bool:
-    words = set(_words(text))
-    return all(k.lower() in words for k in keywords)
-
-
-def _forbidden(text: str, forbidden_words: Sequence[str] = (), **_: Any) -> bool:
-    words = set(_words(text))
-    return not any(k.lower() in words for k in forbidden_words)
-
-
-def _end_checker(text: str, end_phrase: str = "", **_: Any) -> bool:
-    return text.rstrip().endswith(end_phrase)
+    return text.isupper()
 
 
 def _json_format(text: str, keys: Sequence[str] | None = None, **_: Any) -> bool:
@@ -87,21 +76,38 @@ def _json_format(text: str, keys: Sequence[str] | None = None, **_: Any) -> bool
     return keys is None or (isinstance(value, dict) and sorted(value) == sorted(keys))
 
 
-CHECKS: dict[str, Callable[..., bool]] = {
-    "punctuation:no_comma": _no_comma,
+# Checks of our own, by id (see the module docstring for why); every other id is IFEval's.
+OWN_CHECKS: dict[str, Callable[..., bool]] = {
     "change_case:english_lowercase": _lowercase,
     "change_case:english_capital": _capital,
-    "length_constraints:number_words": _number_words,
-    "keywords:existence": _existence,
-    "keywords:forbidden_words": _forbidden,
-    "startend:end_checker": _end_checker,
     "detectable_format:json_format": _json_format,
 }
 
 
+def known_ids() -> list[str]:
+    return sorted(set(_registry()) | set(OWN_CHECKS))
+
+
+def _ifeval_kwargs(cid: str) -> list[str]:
+    """The keyword arguments IFEval's instruction `cid` takes (all are needed, see the module docstring)."""
+    params = inspect.signature(_registry()[cid](cid).build_description).parameters
+    return [name for name, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def check(constraint: dict[str, Any], completion: str) -> bool:
+    """Does `completion` satisfy one constraint `{"id": ..., **kwargs}`?"""
+    cid = constraint["id"]
+    kwargs = {k: v for k, v in constraint.items() if k != "id"}
+    if cid in OWN_CHECKS:
+        return OWN_CHECKS[cid](completion, **kwargs)
+    instruction = _registry()[cid](cid)
+    instruction.build_description(**kwargs)
+    return bool(completion.strip()) and bool(instruction.check_following(completion))
+
+
 def constraint_results(constraints: Sequence[dict[str, Any]], completion: str) -> list[bool]:
     """Per constraint, does the completion satisfy it?"""
-    return [CHECKS[c["id"]](completion, **{k: v for k, v in c.items() if k != "id"}) for c in constraints]
+    return [check(c, completion) for c in constraints]
 
 
 def _constraints(task: Any) -> list[dict[str, Any]]:
@@ -133,10 +139,18 @@ class InstructionVerifier(Verifier):
         constraints = metadata.get("constraints")
         if not isinstance(constraints, list) or not constraints:
             return [("metadata", "an ifeval task needs metadata.constraints: a non-empty list of {\"id\": ...}")]
-        unknown = [c.get("id") for c in constraints if not isinstance(c, dict) or c.get("id") not in CHECKS]
+        known = set(known_ids())
+        unknown = [c.get("id") for c in constraints if not isinstance(c, dict) or c.get("id") not in known]
         if unknown:
-            return [("metadata", f"metadata.constraints: unknown constraint id(s) {unknown}; known: "
-                                 f"{', '.join(CHECKS)}")]
+            return [("metadata", f"metadata.constraints: unknown constraint id(s) {unknown}; known: IFEval's ids, "
+                                 f"e.g. {', '.join(known_ids()[:6])}, ...")]
+        for c in constraints:
+            if c["id"] in OWN_CHECKS:
+                continue
+            missing = [k for k in _ifeval_kwargs(c["id"]) if k not in c]
+            if missing:
+                return [("metadata", f"metadata.constraints: {c['id']} needs {missing} (IFEval would draw them "
+                                     f"at random)")]
         return []
 
     def explain(self, tasks: Sequence[Any], completions: Sequence[str], **options: Any) -> list[str]:
