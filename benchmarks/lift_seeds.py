@@ -45,13 +45,13 @@ def run_seed(seed: int, overrides: dict[str, dict], root: Path) -> dict[str, dic
             "round2": r2.summary["holdout_after"]}
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, dict]:
+def parse_overrides(pairs: list[str], stages: tuple[str, ...] = ("taskset", "sft", "rl_round")) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
         stage_name, _, field_name = key.partition(".")
-        if not field_name or stage_name not in ("taskset", "sft", "rl_round"):
-            raise SystemExit(f"--set {pair!r}: use taskset.FIELD=V, sft.FIELD=V or rl_round.FIELD=V")
+        if not field_name or stage_name not in stages:
+            raise SystemExit(f"--set {pair!r}: use STAGE.FIELD=VALUE with STAGE one of {', '.join(stages)}")
         try:
             parsed = json.loads(value)
         except ValueError:

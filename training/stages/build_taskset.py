@@ -63,6 +63,8 @@ class TasksetConfig(ConfigBase):
                       off by more than `mix_tolerance`); domains not named are kept whole, ratio 0 drops one.
     mix_tolerance:    allowed absolute difference between a domain's train share and its target share.
     difficulties:     tiny: the difficulty levels to generate (1 easy .. 5 hard), round-robin.
+    domain_difficulties: tiny: per domain, levels that replace `difficulties` for that domain, e.g.
+                      {"code": [2, 3]}: a measurable profile puts each domain where its baseline has headroom.
     holdout_fraction: share of each (domain, difficulty) group held out for evaluation (stratified).
     ngram:            word n-gram size of the holdout contamination check; train tasks sharing one with a
                       holdout prompt are dropped. 13 as in GPT-3's decontamination (Brown et al. 2020, App. C).
@@ -85,6 +87,7 @@ class TasksetConfig(ConfigBase):
     mix: dict[str, float] = field(default_factory=lambda: {"math": 0.5, "code": 0.25, "extraction": 0.25})
     mix_tolerance: float = 0.05
     difficulties: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    domain_difficulties: dict[str, list[int]] = field(default_factory=dict)
     holdout_fraction: float = 0.1
     ngram: int = 13
     sources: list[SourceSpec] = field(default_factory=list)
@@ -105,14 +108,22 @@ class TasksetConfig(ConfigBase):
             raise ValueError("max_filter_loss must be in (0, 1] and ngram_common in [0, 1]")
         if any(r < 0 for r in self.mix.values()):
             raise ValueError("mix ratios must be >= 0")
-        if any(not 1 <= d <= 5 for d in self.difficulties) or not self.difficulties:
-            raise ValueError(f"difficulties must be levels 1..5, got {self.difficulties}")
+        for name, levels in {"difficulties": self.difficulties,
+                             **{f"domain_difficulties[{d!r}]": v for d, v in self.domain_difficulties.items()}}.items():
+            if not levels or any(not 1 <= d <= 5 for d in levels):
+                raise ValueError(f"{name} must be levels 1..5, got {levels}")
         if self.profile == "data" and not self.sources:
             raise ValueError('profile "data" needs at least one entry in sources')
         if self.total < 0 or any(n < 0 for n in self.counts.values()):
             raise ValueError("total and counts must be >= 0")
         if self.profile == "tiny":
             self.domain_counts()  # unknown generator domains fail here, as a config error
+            from training.tasksets.generators import DOMAIN_VERIFIER
+
+            unknown_levels = sorted(set(self.domain_difficulties) - set(DOMAIN_VERIFIER))
+            if unknown_levels:
+                raise ValueError(f"domain_difficulties: unknown domain(s) {unknown_levels}; known: "
+                                 f"{', '.join(DOMAIN_VERIFIER)}")
         from training.rewards import VERIFIERS
 
         for domain, weights in self.reward_weights.items():
@@ -187,7 +198,8 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
     inputs: dict[str, int] = {}
     if config.profile == "tiny":
         for domain, n in config.domain_counts().items():
-            generated = generate(domain, n, config.seed, tuple(config.difficulties))
+            levels = config.domain_difficulties.get(domain, config.difficulties)
+            generated = generate(domain, n, config.seed, tuple(levels))
             inputs[f"generated:{domain}"] = len(generated)
             tasks += generated
         timings["generate"] = time.perf_counter() - t0
