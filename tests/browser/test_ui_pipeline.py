@@ -28,7 +28,9 @@ OVERRIDES = {
     "sft": {"max_steps": 8},
     "rl_round": {"steps": 1, "prompts_per_step": 4, "holdout_per_domain": 6},
     "evaluate": {"max_tasks_per_domain": 8, "n_samples": 1, "ks": [1], "long_context_tasks": 0},
-    "gate": {"tolerance": 1, "min_samples": 5},  # the holdout above has 6 code and 6 extraction tasks
+    # the holdout above has 6 code and 6 extraction tasks; 8 SFT steps pass none of them, which the floor would
+    # block: these tests check the UI path, not the model
+    "gate": {"tolerance": 1, "min_samples": 5, "require_any_pass": False},
 }
 # A guard, not the expected time: a run takes a few minutes on an idle 2-core machine, far longer when shared.
 RUN_TIMEOUT_S = 1500

@@ -199,3 +199,18 @@ def test_config_validation() -> None:
         GateConfig(noninferiority_margins={"math": 1.5})
     with pytest.raises(ValueError, match="multiple_testing"):
         GateConfig(multiple_testing="bonferroni")
+
+
+def test_floor_blocks_a_candidate_that_passes_nothing_even_against_an_equally_broken_reference() -> None:
+    broken = _counts(math=0.0, code=0.0)
+    verdict = decide(broken, {"sft": broken}, [], None, CFG)
+    assert not verdict.promote
+    assert [(f.rule, f.domain) for f in verdict.findings] == [("floor", "all")]
+    assert verdict.reasons == ["all: the candidate passes 0/400 holdout tasks (none at all) [rule floor, pass1]"]
+    # off on request (a UI smoke test of an 8-step model), and a per-domain floor when set
+    assert decide(broken, {"sft": broken}, [], None, GateConfig(min_samples=20, require_any_pass=False)).promote
+    weak = _counts(math=0.30, code=0.05)
+    floor = decide(weak, {"sft": weak}, [], None, GateConfig(min_samples=20, min_pass1=0.10))
+    assert [(f.rule, f.domain, f.numbers["pass1"]) for f in floor.findings] == [("floor", "code", 0.05)]
+    with pytest.raises(ValueError, match="min_pass1"):
+        GateConfig(min_pass1=1.5)

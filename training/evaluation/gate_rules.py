@@ -18,6 +18,9 @@ Rules (each failing rule adds a reason naming the domain and the numbers):
    (credibly, as above) between the first and the last round — the policy learnt the reward, not the task.
 4. KL and entropy sanity: the last RL round's mean KL to the reference above `max_kl`, or its mean token
    entropy below `min_entropy_ratio` times the first round's (the policy collapsed onto a few outputs).
+5. Floor: a candidate passing no holdout task at all is blocked (`require_any_pass`), and, when `min_pass1` is
+   set, so is one whose pass@1 in some domain is below it. Comparisons alone would promote a broken model over
+   an equally broken reference.
 
 Every rule's decision on every domain and dimension, blocking or not, is kept as a `Check` (with its numbers),
 so verdict.json and the gate's report show why a candidate passed as well as why it was blocked.
@@ -107,7 +110,8 @@ class Counts:
 
 @dataclass(frozen=True)
 class Finding:
-    rule: str            # "regression", "non_inferiority", "reward_hacking", "kl_entropy", "insufficient_data"
+    rule: str            # "regression", "non_inferiority", "reward_hacking", "kl_entropy", "insufficient_data",
+    #                      "floor"
     domain: str          # "all" for rules on the whole policy (KL, entropy)
     reference: str
     message: str
@@ -213,6 +217,31 @@ def noninferiority_checks(candidate: dict[str, Counts], reference: dict[str, Cou
             checks.append(Check("non_inferiority", domain, reference_name, metric, "block",
                                 f"{text} >= alpha {alpha:.2f}: non-inferiority not shown "
                                 f"{_rule_tag('non_inferiority', metric)}", nums))
+    return checks
+
+
+def floor_checks(candidate: dict[str, Counts], cfg: GateConfig) -> list[Check]:
+    """Rule 5, the floor: a candidate that passes no holdout task at all is not a model anyone should serve,
+    however it compares (two broken models are "not worse" than each other); and, when cfg.min_pass1 > 0, each
+    domain's pass@1 must reach it."""
+    checks = []
+    passed = sum(c.passed for c in candidate.values())
+    total = sum(c.total for c in candidate.values())
+    if cfg.require_any_pass:
+        ok = passed > 0
+        checks.append(Check("floor", "all", "none", "pass1", "pass" if ok else "block",
+                            f"all: the candidate passes {passed}/{total} holdout tasks"
+                            + ("" if ok else f" (none at all) {_rule_tag('floor', 'pass1')}"),
+                            {"passed": passed, "total": total}))
+    if cfg.min_pass1 > 0:
+        for domain, c in sorted(candidate.items()):
+            rate = c.passed / c.total if c.total else 0.0
+            ok = rate >= cfg.min_pass1
+            checks.append(Check("floor", domain, "none", "pass1", "pass" if ok else "block",
+                                f"{domain}: pass@1 {c.passed}/{c.total} ({rate:.1%}) "
+                                f"{'>=' if ok else '<'} floor {cfg.min_pass1:.1%}"
+                                + ("" if ok else f" {_rule_tag('floor', 'pass1')}"),
+                                {"pass1": rate, "min_pass1": cfg.min_pass1}))
     return checks
 
 
@@ -325,6 +354,7 @@ def decide(candidate: dict[str, Counts], references: dict[str, dict[str, Counts]
     if holdout_first is not None:
         checks += reward_hacking_checks(train_reward, holdout_first, candidate, cfg)
     checks += policy_sanity_checks(rounds or [], cfg)
+    checks += floor_checks(candidate, cfg)
     unique: dict[tuple[str, str, str, str], Finding] = {}
     for c in checks:  # insufficient_data is found once per reference; report it once
         if c.decision == "block":

@@ -44,6 +44,9 @@ class GateConfig(ConfigBase):
     max_kl:           the last RL round's mean KL to the reference may not exceed this (0 = rule off).
     min_entropy_ratio: the last RL round's mean token entropy must be at least this share of the first round's
                       (0 = rule off): below it the policy has collapsed onto a few outputs.
+    require_any_pass: block a candidate that passes no holdout task at all (the floor: two broken models
+                      compare as "not worse", so the comparison rules alone would promote it).
+    min_pass1:        per-domain pass@1 floor (fraction); 0 = off.
     """
 
     tolerance: float = 0.01
@@ -57,6 +60,8 @@ class GateConfig(ConfigBase):
     multiple_testing: str = "holm"
     max_kl: float = 0.0
     min_entropy_ratio: float = 0.0
+    require_any_pass: bool = True
+    min_pass1: float = 0.0
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.metrics) - set(METRICS))
@@ -65,6 +70,8 @@ class GateConfig(ConfigBase):
         if self.multiple_testing not in ("holm", "none"):
             raise ValueError(f"multiple_testing must be 'holm' or 'none', not {self.multiple_testing!r}")
         margins = [self.noninferiority_margin, *self.noninferiority_margins.values()]
+        if not 0 <= self.min_pass1 <= 1:
+            raise ValueError(f"min_pass1 must be in [0, 1], got {self.min_pass1}")
         if any(not 0 <= m < 1 for m in margins):
             raise ValueError(f"non-inferiority margins must be in [0, 1): {margins}")
 
