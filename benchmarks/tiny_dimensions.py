@@ -40,7 +40,7 @@ def run_seed(seed: int, overrides: dict[str, dict], root: Path) -> dict[str, Any
     from training.stages.evaluate import EvalConfig, body as evaluate_body
     from training.stages.rl_round import GRPOConfig, run_round
     from training.stages.sft import SFTConfig, train
-    from training.storage import read_json, require_manifest
+    from training.storage import join, read_json, require_manifest
 
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / f'mlflow-{seed}.db'}"
     run = f"file://{root / f'run-{seed}'}"
@@ -57,9 +57,9 @@ def run_seed(seed: int, overrides: dict[str, dict], root: Path) -> dict[str, Any
         r2 = stage.run_stage("rl_round_2", from_dict(GRPOConfig, cfg["rl_round"]), run, lambda c: run_round(c, 2))
         times["rl"] = time.perf_counter() - t
         t = time.perf_counter()
-        ev = stage.run_stage("evaluate", from_dict(EvalConfig, cfg["evaluate"]), run, evaluate_body)
+        stage.run_stage("evaluate", from_dict(EvalConfig, cfg["evaluate"]), run, evaluate_body)
         times["evaluate"] = time.perf_counter() - t
-    report = read_json(require_manifest(ev.uri), "report.json")
+    report = read_json(require_manifest(join(run, "evaluate")), "report.json")
     return {"sft": r1.summary["holdout_before"], "round1": r1.summary["holdout_after"],
             "round2": r2.summary["holdout_after"], "report": report, "times": times}
 

@@ -114,28 +114,33 @@ class PromptFormat:
         """A conversation continued: the task, then (assistant answer, user reply) pairs, ready for the next
         answer. Without a template the turns are appended as plain text."""
         if self.uses_template:
-            messages = self.messages(task)
-            for answer, reply in turns:
-                messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": reply}]
-            return self.render(messages)
+            return self.render(self._conversation(task, "", turns))
         text = task.prompt + "".join(f"{answer}\n{reply}\n" for answer, reply in turns)
         return _as_ids(self.tokenizer(text))
 
-    def sft_example(self, task: Task, prefix: str = "") -> SFTExample:
-        """The prompt (with `prefix` text, e.g. long-context distractors, in front), then the reference as the
-        assistant turn; loss on the assistant turn only."""
-        prompt = self.prompt_ids(task, prefix)
+    def _conversation(self, task: Task, prefix: str, turns: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
+        messages = self.messages(task, prefix)
+        for answer, reply in turns:
+            messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": reply}]
+        return messages
+
+    def sft_example(self, task: Task, prefix: str = "", turns: Sequence[tuple[str, str]] = ()) -> SFTExample:
+        """The prompt (with `prefix` text, e.g. long-context distractors, in front; or continued by earlier
+        (answer, reply) `turns`, e.g. a failed attempt and its error), then the reference as the assistant turn;
+        loss on that last assistant turn only."""
+        prompt = self.follow_up_ids(task, turns) if turns else self.prompt_ids(task, prefix)
         if not self.uses_template:
             answer = _as_ids(self.tokenizer(task.reference, add_special_tokens=False)) + [self.tokenizer.eos_token_id]
             return SFTExample(prompt + answer, [0] * len(prompt) + [1] * len(answer))
-        messages = self.messages(task, prefix) + [{"role": "assistant", "content": task.reference}]
+        conversation = self._conversation(task, prefix, turns)
+        messages = conversation + [{"role": "assistant", "content": task.reference}]
         full_text = str(self.tokenizer.apply_chat_template(messages, tokenize=False))
         full = _as_ids(self.tokenizer(full_text, add_special_tokens=False))
         if full[:len(prompt)] == prompt:
             answer = full[len(prompt):]
         else:  # a tokenizer that merges across the boundary: keep the prompt ids generation will see
-            prompt_text = str(self.tokenizer.apply_chat_template(self.messages(task, prefix),
-                                                                 add_generation_prompt=True, tokenize=False))
+            prompt_text = str(self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
+                                                                 tokenize=False))
             answer = _as_ids(self.tokenizer(full_text[len(prompt_text):], add_special_tokens=False))
         stops = [i for i, tid in enumerate(answer) if tid in self.stop_ids]
         if stops:  # the template may write more after the end-of-turn token ("\n"); generation stops there

@@ -197,7 +197,10 @@ class Stack:
                     "--workers", "1",
                 ],
                 f"{self.mlflow_url}/health",
-                env=self.client_env(),
+                # MLflow's job runner (a Huey consumer per worker pool, for GenAI evaluation jobs and trace
+                # roll-ups) is five more Python processes that import MLflow at start; posttrain submits no
+                # MLflow jobs, so the stack runs the tracking server alone.
+                env={**self.client_env(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
                 start_timeout_s=120,
             )
         if name == "airflow":

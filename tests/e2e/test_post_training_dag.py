@@ -28,7 +28,13 @@ def pipeline_run(airflow_db, local_stack):
         dag = DagBag(str(REPO / "dags")).dags["post_training"]
         run_root = f"s3://posttrain/e2e/{uuid.uuid4().hex[:8]}"
         dr = dag.test(run_conf={"run_root": run_root, "rounds": 2, "stage_overrides": {
-            "evaluate": {"model_name": MODEL_NAME}, "promote": {"model_name": MODEL_NAME}}})
+            # The tiny profile with shorter rounds and a smaller evaluation: this test checks the product's
+            # path (stages, retry, resume, tracking, gate, promotion); how much RL lifts the tiny model is
+            # tests/training/test_tiny_pipeline.py's job.
+            "rl_round": {"steps": 50, "checkpoint_every": 25},
+            "evaluate": {"model_name": MODEL_NAME, "max_tasks_per_domain": 60, "n_samples": 4, "ks": [1, 4],
+                         "long_context_tasks": 10},
+            "promote": {"model_name": MODEL_NAME}}})
     finally:
         del os.environ["POSTTRAIN_KILL_AFTER_CHECKPOINT"]
     tis = {ti.task_id: ti for ti in dr.get_task_instances()}

@@ -150,3 +150,36 @@ def test_long_context_examples_grow_fit_and_train_on_the_answer_only() -> None:
     assert long_context_examples(fmt, tasks, 0.0, [0.5], 128, 0) == []
     with pytest.raises(ValueError, match="long_context_fractions"):
         SFTConfig(long_context_fractions=[0.0])
+
+
+def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_the_fix() -> None:
+    from training.chat import PromptFormat
+    from training.evaluation.measure import repair_reply
+    from training.rewards import get_verifier
+    from training.stages.sft import near_miss, repair_examples
+    from training.tasksets.generators import generate
+
+    class CharTokenizer:  # one token per character, id 0 = eos
+        eos_token_id = 0
+        chat_template = None
+
+        def __call__(self, text, **_):
+            return {"input_ids": [ord(c) for c in text]}
+
+    tasks = generate("code", 20, 0, difficulties=(2, 3)) + generate("math", 10, 0, difficulties=(1,))
+    fmt = PromptFormat(CharTokenizer())
+    out = repair_examples(fmt, tasks, share=0.5, max_seq_len=400, seed=0)
+    assert 5 <= len(out) <= 10  # half of the 20 code tasks (math cannot explain a failure), minus lucky passes
+    by_prompt = {t.prompt: t for t in tasks if t.domain == "code"}
+    for ex in out:
+        text = "".join(chr(i) for i in ex.input_ids if i)
+        trained = "".join(chr(i) for i, m in zip(ex.input_ids, ex.loss_mask) if m and i)
+        task = next(t for p, t in by_prompt.items() if text.startswith(p))
+        assert trained == task.reference  # the loss is on the fix only
+        attempt, _, rest = text[len(task.prompt):].partition("\n")
+        assert get_verifier("code").explain([task], [attempt])[0]  # the attempt really fails ...
+        assert rest.startswith("# error: ") and ("expected" in rest or "Error" in rest)  # ... and says how
+        assert rest == repair_reply(get_verifier("code").explain([task], [attempt])[0]) + "\n" + task.reference
+    rng = __import__("random").Random(0)
+    assert near_miss("def f(x): return x*3+45", rng) != "def f(x): return x*3+45"
+    assert repair_examples(fmt, tasks, 0.0, 400, 0) == []

@@ -59,6 +59,9 @@ class SFTConfig(ConfigBase):
                        question past filler, as evaluation's long-context sweep asks. 0 = none.
     long_context_fractions: distractor lengths of those examples, as fractions of max_seq_len, taken in turn
                        (short to long) and cut to what fits.
+    repair_share:      extra examples, as a share of the tasks whose verifier can explain a failure (code), that
+                       show a wrong attempt and its real sandbox error, then the reference: the conversation
+                       evaluation's self-repair holds, so the model has seen one before it is asked. 0 = none.
     packing:           concatenate examples into full rows with a block-diagonal attention mask and positions
                        restarting per example, so no compute is spent on padding and examples never attend to
                        each other ("packing with attention masking", as in Krell et al. 2021, "Efficient
@@ -96,6 +99,7 @@ class SFTConfig(ConfigBase):
     max_overlong_share: float = 0.01
     long_context_share: float = 0.0
     long_context_fractions: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5])
+    repair_share: float = 0.0
     packing: bool = True
     batch_size: int = 16
     max_steps: int = 300
@@ -119,6 +123,8 @@ class SFTConfig(ConfigBase):
                 not 0 < f <= 1 for f in self.long_context_fractions):
             raise ValueError(f"sft: long_context_share must be >= 0 and long_context_fractions in (0, 1], got "
                              f"{self.long_context_share} and {self.long_context_fractions}")
+        if self.repair_share < 0:
+            raise ValueError(f"sft: repair_share must be >= 0, got {self.repair_share}")
 
 
 class ExamplesTooLong(ValueError):
@@ -264,6 +270,53 @@ def long_context_examples(fmt: PromptFormat, tasks: list[Task], share: float, fr
     return out
 
 
+def near_miss(reference: str, rng: random.Random) -> str:
+    """A wrong attempt close to `reference`, the kind a model makes: one integer literal off by 1-3, else one
+    quoted character changed, else the body returning None."""
+    import re
+
+    numbers = list(re.finditer(r"(?<![\w.])\d+", reference.split(":", 1)[-1]))
+    offset = len(reference.split(":", 1)[0]) + 1 if ":" in reference else 0
+    if numbers:
+        m = rng.choice(numbers)
+        value = int(m.group()) + rng.choice([-3, -2, -1, 1, 2, 3])
+        start, end = m.start() + offset, m.end() + offset
+        return reference[:start] + str(max(0, value)) + reference[end:]
+    quoted = list(re.finditer(r"'(.)'", reference))
+    if quoted:
+        m = rng.choice(quoted)
+        return reference[:m.start(1)] + rng.choice([c for c in "abcdefxyz" if c != m.group(1)]) + reference[m.end(1):]
+    head = reference.split(":", 1)[0]
+    return f"{head}: return None"
+
+
+def repair_examples(fmt: PromptFormat, tasks: list[Task], share: float, max_seq_len: int,
+                    seed: int) -> list[Example]:
+    """round(share * n) extra examples over the n tasks whose verifier is `repairable`: the task, a near-miss
+    attempt, the verifier's real explanation of its failure as the next user turn (as evaluation's self-repair
+    writes it), then the reference; loss on the reference only. Attempts that happen to pass are skipped."""
+    from training.evaluation.measure import repair_reply
+    from training.rewards import get_verifier
+
+    rng = random.Random(f"repair:{seed}")
+    pool = [t for t in tasks if get_verifier(t.verifier).repairable]
+    n = min(len(pool), round(share * len(pool)))
+    chosen = rng.sample(pool, n) if n else []
+    attempts = [near_miss(t.reference, rng) for t in chosen]
+    errors: dict[int, str] = {}
+    for name in sorted({t.verifier for t in chosen}):
+        mine = [i for i, t in enumerate(chosen) if t.verifier == name]
+        errors.update(zip(mine, get_verifier(name).explain([chosen[i] for i in mine], [attempts[i] for i in mine])))
+    out = []
+    for i, task in enumerate(chosen):
+        if not errors.get(i):  # "" = the attempt passed: nothing to repair
+            continue
+        ex = fmt.sft_example(task, turns=[(attempts[i], repair_reply(errors[i]))])
+        if len(ex.input_ids) <= max_seq_len:  # never cut: a repair conversation that does not fit is skipped
+            out.append(Example(ex.input_ids, ex.loss_mask))
+    return out
+
+
 def corpus(tasks: list[Task]) -> list[str]:
     return [t.prompt for t in tasks] + [t.reference for t in tasks if t.reference]
 
@@ -316,10 +369,13 @@ def train(ctx: StageContext) -> dict[str, Any]:
     examples, overlong = encode_examples(fmt, tasks, cfg.max_seq_len, cfg.max_overlong_share)
     long_context = long_context_examples(fmt, tasks, cfg.long_context_share, cfg.long_context_fractions,
                                          cfg.max_seq_len, cfg.seed) if cfg.long_context_share > 0 else []
-    examples += long_context
+    repairs = repair_examples(fmt, tasks, cfg.repair_share, cfg.max_seq_len, cfg.seed) if cfg.repair_share > 0 \
+        else []
+    examples += long_context + repairs
     ctx.progress(f"{len(examples)} examples ({'chat template' if fmt.uses_template else 'plain text'}), "
                  f"{len(overlong)} over max_seq_len={cfg.max_seq_len} dropped, "
-                 f"{len(long_context)} of them behind long-context distractors, "
+                 f"{len(long_context)} of them behind long-context distractors, {len(repairs)} repairing a "
+                 f"failed attempt, "
                  f"{models.count_parameters(model):,} parameters, precision {compute_dtype}, "
                  f"lora={cfg.lora.enabled}, gradient_checkpointing={cfg.gradient_checkpointing}, "
                  f"{world} rank(s){' ' + cfg.parallel.strategy if world > 1 else ''}",
