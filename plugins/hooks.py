@@ -122,7 +122,8 @@ class SandboxServiceHook(BaseHook):
         conn = _connection(self.sandbox_conn_id)
         if conn is None or not conn.host:
             return {}
-        url = f"{conn.schema or 'http'}://{conn.host}" + (f":{conn.port}" if conn.port else "")
+        host = conn.host if "://" in conn.host else f"{conn.schema or 'http'}://{conn.host}"  # a form's full URL
+        url = host + (f":{conn.port}" if conn.port else "")
         return {"POSTTRAIN_SANDBOX_URL": url, "POSTTRAIN_SANDBOX_TOKEN": conn.password or ""}
 
 
