@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 
 from operators.launchers.base import Launcher
 from operators.spec import LAUNCHERS, StageSpec
-from plugins.hooks import DockerEngineHook, MlflowHook, ObjectStoreHook
+from plugins.hooks import DockerEngineHook, MlflowHook, ObjectStoreHook, SandboxServiceHook
 from plugins.links import CheckpointLink, MlflowRunLink
 from training.stage import RESULT_PREFIX, parse_result  # stdlib-only at import time: no torch here
 
@@ -34,6 +34,8 @@ class PosttrainStageOperator(BaseOperator):
     :param config: stage config: a file path or an inline JSON object (templated).
     :param aws_conn_id: Airflow connection for the object store (endpoint_url in extra for MinIO).
     :param mlflow_conn_id: Airflow connection for the MLflow tracking server.
+    :param sandbox_conn_id: Airflow connection for the reward sandbox service (host = its URL, password = its
+        token); undefined = the worker's POSTTRAIN_SANDBOX_URL/TOKEN, else stages use their local sandbox.
     :param private_env: secrets for the stage; never templated, never rendered in the UI.
     :param enabled: templated; when it renders false ("False", "0", "") the task is skipped, e.g.
         ``"{{ params.rounds >= 3 }}"`` for a round beyond the requested number.
@@ -54,6 +56,7 @@ class PosttrainStageOperator(BaseOperator):
         aws_conn_id: str | None = ObjectStoreHook.default_conn_name,
         mlflow_conn_id: str | None = MlflowHook.default_conn_name,
         docker_conn_id: str | None = None,
+        sandbox_conn_id: str | None = SandboxServiceHook.default_conn_name,
         private_env: dict[str, str] | None = None,
         enabled: str | bool = True,
         kubernetes_namespace: str = "posttrain",
@@ -71,6 +74,7 @@ class PosttrainStageOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.mlflow_conn_id = mlflow_conn_id
         self.docker_conn_id = docker_conn_id
+        self.sandbox_conn_id = sandbox_conn_id
         self.private_env = private_env or {}
         self.enabled = enabled
         self.kubernetes_namespace = kubernetes_namespace
@@ -106,6 +110,8 @@ class PosttrainStageOperator(BaseOperator):
             **self.spec.env,
             **self.object_store_hook.stage_env(),
             **self.mlflow_hook.stage_env(),
+            # The token is a secret: it travels like the S3 keys, as environment, never in the rendered config.
+            **SandboxServiceHook(self.sandbox_conn_id).stage_env(),
             "PYTHONUNBUFFERED": "1",
             **self.private_env,
         }

@@ -4,6 +4,8 @@
   dev server, extra `region_name`).
 - MLflow: an `http` connection (host, port, schema; extra `ui_url` when browsers reach MLflow at another
   address than workers do).
+- Reward sandbox service: an `http` connection `sandbox_default` (host, port, schema; password = the service's
+  token), passed to stages as POSTTRAIN_SANDBOX_URL and POSTTRAIN_SANDBOX_TOKEN (code rewards then run there).
 - Container runtime: a docker SDK client (from `DOCKER_HOST` or the connection's host).
 
 A missing connection falls back to the worker's own environment (`make up` exports the embedded stack's), so
@@ -26,6 +28,7 @@ log = logging.getLogger(__name__)
 S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3",
           "MLFLOW_S3_ENDPOINT_URL")
 MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_UI_URL")
+SANDBOX_ENV = ("POSTTRAIN_SANDBOX_URL", "POSTTRAIN_SANDBOX_TOKEN")
 
 
 def _connection(conn_id: str | None) -> Any | None:
@@ -102,6 +105,26 @@ class MlflowHook(BaseHook):
     def ui_url(self) -> str:
         env = self.stage_env()
         return env.get("MLFLOW_UI_URL") or env.get("MLFLOW_TRACKING_URI", "")
+
+
+class SandboxServiceHook(BaseHook):
+    conn_name_attr = "sandbox_conn_id"
+    default_conn_name = "sandbox_default"
+    conn_type = "http"
+    hook_name = "posttrain reward sandbox service"
+
+    def __init__(self, sandbox_conn_id: str | None = default_conn_name) -> None:
+        super().__init__()
+        self.sandbox_conn_id = sandbox_conn_id
+
+    @fallback_to_environment(SANDBOX_ENV)
+    def stage_env(self) -> dict[str, str]:
+        conn = _connection(self.sandbox_conn_id)
+        if conn is None or not conn.host:
+            return {}
+        host = conn.host if "://" in conn.host else f"{conn.schema or 'http'}://{conn.host}"  # a form's full URL
+        url = host + (f":{conn.port}" if conn.port else "")
+        return {"POSTTRAIN_SANDBOX_URL": url, "POSTTRAIN_SANDBOX_TOKEN": conn.password or ""}
 
 
 class DockerEngineHook(BaseHook):

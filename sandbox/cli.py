@@ -112,7 +112,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from sandbox.server import serve
 
     try:
-        return serve(args.host, args.port, args.concurrency, allow_unisolated=args.allow_unisolated or None)
+        return serve(args.host, args.port, args.concurrency, allow_unisolated=args.allow_unisolated or None,
+                     insecure_loopback=args.insecure_loopback)
     except SandboxUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -150,11 +151,15 @@ def build_parser(prog: str = "posttrain sandbox") -> argparse.ArgumentParser:
                      help="run even without network isolation (rlimits only)")
     run.set_defaults(func=_cmd_run)
 
-    serve = sub.add_parser("serve", help="serve POST /run and GET /health over HTTP (JSON)")
+    serve = sub.add_parser("serve", help="serve POST /run and GET /health over HTTP (JSON)",
+                           description="Callers of POST /run present 'Authorization: Bearer $POSTTRAIN_SANDBOX_TOKEN'; "
+                                       "the server refuses to start without that variable.")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8090)
     serve.add_argument("--concurrency", type=int, default=None, help="jobs in flight (default: CPU count)")
     serve.add_argument("--allow-unisolated", action="store_true")
+    serve.add_argument("--insecure-loopback", action="store_true",
+                       help="start without POSTTRAIN_SANDBOX_TOKEN (accepts any caller); only on a loopback host")
     serve.set_defaults(func=_cmd_serve)
 
     info = sub.add_parser("info", help="print the isolation level this machine gives")

@@ -355,3 +355,15 @@ class Verdict:
         out["isolation"] = self.isolation.value
         out["cases"] = [asdict(c) for c in self.cases]
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+        """The inverse of `to_dict` (a verdict that came back from the HTTP service)."""
+        return cls(
+            id=str(data["id"]), status=Status(data["status"]), passed=int(data["passed"]), total=int(data["total"]),
+            duration_s=float(data["duration_s"]), stdout=str(data.get("stdout", "")),
+            stderr=str(data.get("stderr", "")), stdout_truncated=bool(data.get("stdout_truncated")),
+            stderr_truncated=bool(data.get("stderr_truncated")), isolation=IsolationLevel(data["isolation"]),
+            detail=str(data.get("detail", "")), exit_code=data.get("exit_code"), signal=data.get("signal"),
+            cases=tuple(CaseResult(int(c["index"]), bool(c["passed"]), str(c.get("detail", "")))
+                        for c in data.get("cases", ())))

@@ -39,6 +39,8 @@ os.environ.update({
     "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
     # A retried stage task should not wait the production 30 s in tests.
     "POSTTRAIN_RETRY_DELAY_S": "1",
+    # A stage retried right after a kill -9 waits for the dead attempt's lease to expire: 5 s here, not 30 s.
+    "POSTTRAIN_LEASE_TTL_S": "5",
 })
 
 

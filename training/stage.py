@@ -18,6 +18,11 @@ rounds) saves numbered checkpoints under `ctx.stage_uri` with `checkpointing.sav
 Stage names (the folder under the run) are `taskset`, `sft`, `rl_round_<N>` (`rl_round_stage(N)`), `evaluate`,
 `gate` and `promote`; each stage's code lives in `training/stages/<cli name>.py`.
 
+One attempt writes at a time: before its body runs, an attempt takes the stage's lease (`training/lease.py`,
+under `<run-uri>/<stage>/_lease/`), waiting for or fencing an earlier attempt that still holds it, and checks
+it before every write under the stage folder. An attempt that lost its lease (Airflow retried the stage while
+this one lived on as an orphan) exits with code 75 before its next write.
+
 Under torchrun (WORLD_SIZE > 1) every rank runs the body; `run_stage` joins the process group and gives ranks
 other than 0 a writer and an MLflow handle that discard everything, so a body never asks which rank it is to
 write or log. Rank 0 alone decides whether the stage is already complete, opens the MLflow run and commits the
@@ -38,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training import storage, tracking
+from training import lease, storage, tracking
 from training.config import ConfigBase
 
 if TYPE_CHECKING:
@@ -169,12 +174,30 @@ def run_stage(
     stage_uri = storage.join(run_uri, stage)
     done = storage.read_manifest(stage_uri)
     if done is not None:
-        log.info("[%s] already complete at %s (created %s); skipping", stage, done.manifest_uri, done.created_at)
-        result = StageResult(stage, done.manifest_uri, done.mlflow_run_id, done.extra.get("summary", {}),
-                             done.extra.get("mlflow_experiment_id"), skipped=True)
-        emit(result)
-        return result
+        return _skipped(stage, done)
+    with lease.hold(stage_uri):
+        done = storage.read_manifest(stage_uri)  # the attempt we waited for may have finished the stage
+        if done is not None:
+            return _skipped(stage, done)
+        return _run_body(stage, config, run_uri, stage_uri, body)
 
+
+def _skipped(stage: str, done: storage.Manifest, report: bool = True) -> StageResult:
+    log.info("[%s] already complete at %s (created %s); skipping", stage, done.manifest_uri, done.created_at)
+    result = StageResult(stage, done.manifest_uri, done.mlflow_run_id, done.extra.get("summary", {}),
+                         done.extra.get("mlflow_experiment_id"), skipped=True)
+    if report:
+        emit(result)
+    return result
+
+
+def _run_body(
+    stage: str,
+    config: ConfigBase,
+    run_uri: str,
+    stage_uri: str,
+    body: Callable[[StageContext], dict[str, Any] | None],
+) -> StageResult:
     started = time.monotonic()
     with tracking.stage_run(run_id_of(run_uri), stage) as mlrun:
         log.info("[%s] MLflow run %s", stage, tracking.run_url(mlrun.run_id, mlrun.experiment_id))
@@ -204,9 +227,6 @@ def _run_stage_ranked(
     body: Callable[[StageContext], dict[str, Any] | None],
 ) -> StageResult:
     """`run_stage` for one of N torchrun ranks: the same contract, with rank 0 the only writer."""
-    import contextlib
-    from typing import cast
-
     from training import distributed
     from training.devices import resolve_device
 
@@ -216,48 +236,63 @@ def _run_stage_ranked(
         stage_uri = storage.join(run_uri, stage)
         done = distributed.broadcast(storage.read_manifest(stage_uri) if main else None)
         if done is not None:
-            log.info("[%s] already complete at %s (created %s); skipping", stage, done.manifest_uri,
-                     done.created_at)
-            result = StageResult(stage, done.manifest_uri, done.mlflow_run_id, done.extra.get("summary", {}),
-                                 done.extra.get("mlflow_experiment_id"), skipped=True)
-            if main:
-                emit(result)
-            return result
-
-        started = time.monotonic()
-        tracked = (tracking.stage_run(run_id_of(run_uri), stage) if main
-                   else contextlib.nullcontext(cast(tracking.StageRun, distributed.SilentRun())))
-        with tracked as mlrun:
-            log.info("[%s] MLflow run %s; %d ranks", stage, tracking.run_url(mlrun.run_id, mlrun.experiment_id),
-                     distributed.world_size())
-            mlrun.log_params(config.to_dict())
-            with tempfile.TemporaryDirectory(prefix=f"posttrain-{stage}-") as work:
-                writer = (storage.ManifestWriter(stage_uri) if main
-                          else cast(storage.ManifestWriter, distributed.DiscardingWriter(stage_uri)))
-                ctx = StageContext(run_uri, stage, config, Path(work), writer, mlrun)
-                error: BaseException | None = None
-                try:
-                    summary = body(ctx) or {}
-                except BaseException as err:  # noqa: BLE001 - re-raised below, after the ranks agree
-                    error = err
-                # Every rank ends the same way: a rank whose body raised fails, and so does every other.
-                failed = [r for r, bad in enumerate(distributed.all_gather(error is not None)) if bad]
-                if error is not None:
-                    raise error
-                if failed:
-                    raise RuntimeError(f"[{stage}] rank(s) {failed} failed (see their log); rank "
-                                       f"{distributed.rank()} stops too")
-                committed = ctx.writer.commit(
-                    config=config.to_dict(), parents=ctx.parents, mlflow_run_id=mlrun.run_id,
-                    extra={"summary": summary, "mlflow_experiment_id": mlrun.experiment_id}) if main else None
-                manifest = distributed.broadcast(committed)
-                assert manifest is not None
-            mlrun.set_tags({"posttrain.manifest_uri": manifest.manifest_uri})
-            mlrun.log_metrics({"stage_seconds": time.monotonic() - started})
-        log.info("[%s] complete: %s (%.1fs)", stage, manifest.manifest_uri, time.monotonic() - started)
-        result = StageResult(stage, manifest.manifest_uri, mlrun.run_id or None, summary, mlrun.experiment_id)
-        if main:
-            emit(result)
-        return result
+            return _skipped(stage, done, report=main)
+        # Rank 0 holds the lease for the attempt; the other ranks stop with it (torchrun ends every rank when
+        # one exits), and their shard uploads happen between rank 0's checks.
+        with lease.hold(stage_uri) if main else contextlib.nullcontext():
+            done = distributed.broadcast(storage.read_manifest(stage_uri) if main else None)
+            if done is not None:
+                return _skipped(stage, done, report=main)
+            return _run_ranked_body(stage, config, run_uri, stage_uri, body, main)
     finally:
         distributed.teardown()
+
+
+def _run_ranked_body(
+    stage: str,
+    config: ConfigBase,
+    run_uri: str,
+    stage_uri: str,
+    body: Callable[[StageContext], dict[str, Any] | None],
+    main: bool,
+) -> StageResult:
+    import contextlib
+    from typing import cast
+
+    from training import distributed
+
+    started = time.monotonic()
+    tracked = (tracking.stage_run(run_id_of(run_uri), stage) if main
+               else contextlib.nullcontext(cast(tracking.StageRun, distributed.SilentRun())))
+    with tracked as mlrun:
+        log.info("[%s] MLflow run %s; %d ranks", stage, tracking.run_url(mlrun.run_id, mlrun.experiment_id),
+                 distributed.world_size())
+        mlrun.log_params(config.to_dict())
+        with tempfile.TemporaryDirectory(prefix=f"posttrain-{stage}-") as work:
+            writer = (storage.ManifestWriter(stage_uri) if main
+                      else cast(storage.ManifestWriter, distributed.DiscardingWriter(stage_uri)))
+            ctx = StageContext(run_uri, stage, config, Path(work), writer, mlrun)
+            error: BaseException | None = None
+            try:
+                summary = body(ctx) or {}
+            except BaseException as err:  # noqa: BLE001 - re-raised below, after the ranks agree
+                error = err
+            # Every rank ends the same way: a rank whose body raised fails, and so does every other.
+            failed = [r for r, bad in enumerate(distributed.all_gather(error is not None)) if bad]
+            if error is not None:
+                raise error
+            if failed:
+                raise RuntimeError(f"[{stage}] rank(s) {failed} failed (see their log); rank "
+                                   f"{distributed.rank()} stops too")
+            committed = ctx.writer.commit(
+                config=config.to_dict(), parents=ctx.parents, mlflow_run_id=mlrun.run_id,
+                extra={"summary": summary, "mlflow_experiment_id": mlrun.experiment_id}) if main else None
+            manifest = distributed.broadcast(committed)
+            assert manifest is not None
+        mlrun.set_tags({"posttrain.manifest_uri": manifest.manifest_uri})
+        mlrun.log_metrics({"stage_seconds": time.monotonic() - started})
+    log.info("[%s] complete: %s (%.1fs)", stage, manifest.manifest_uri, time.monotonic() - started)
+    result = StageResult(stage, manifest.manifest_uri, mlrun.run_id or None, summary, mlrun.experiment_id)
+    if main:
+        emit(result)
+    return result

@@ -408,8 +408,31 @@ class Manifest:
         return {"uri": self.uri, "created_at": self.created_at, "mlflow_run_id": self.mlflow_run_id or ""}
 
 
+# ----- write guards -------------------------------------------------------------------------------------------
+_GUARDS: dict[str, Callable[[], None]] = {}
+
+
+def guard_writes(uri: str, check: Callable[[], None]) -> Callable[[], None]:
+    """Call `check` before every write below `uri` (a stage's lease: it raises when the attempt was fenced).
+    Returns the function that removes the guard."""
+    key = uri.rstrip("/")
+    _GUARDS[key] = check
+
+    def remove() -> None:
+        _GUARDS.pop(key, None)
+
+    return remove
+
+
+def _before_write(uri: str) -> None:
+    for prefix, check in list(_GUARDS.items()):
+        if uri == prefix or uri.startswith(prefix + "/"):
+            check()
+
+
 class ManifestWriter:
-    """Collects files under a folder URI and commits them with a manifest written last."""
+    """Collects files under a folder URI and commits them with a manifest written last. Every write first
+    passes the guards of the prefixes above it (`guard_writes`)."""
 
     def __init__(self, uri: str) -> None:
         self.loc = locate(uri)
@@ -420,6 +443,7 @@ class ManifestWriter:
         local = Path(local)
         _check_rel(rel)
         entry = FileEntry(local.stat().st_size, sha256_file(local))
+        _before_write(self.uri)
         self.loc.backend.put_file(local, self.loc.key(rel))
         self.files[rel] = entry
         return entry
@@ -427,6 +451,7 @@ class ManifestWriter:
     def put_bytes(self, data: bytes, rel: str) -> FileEntry:
         _check_rel(rel)
         entry = FileEntry(len(data), hashlib.sha256(data).hexdigest())
+        _before_write(self.uri)
         self.loc.backend.put_bytes(data, self.loc.key(rel))
         self.files[rel] = entry
         return entry
@@ -456,6 +481,7 @@ class ManifestWriter:
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             extra=extra or {},
         )
+        _before_write(self.uri)
         self.loc.backend.put_bytes(manifest.to_json().encode(), self.loc.key(MANIFEST))
         return manifest
 
@@ -535,6 +561,7 @@ def set_latest(pointer_dir: str, target_uri: str) -> None:
     """Point `<pointer_dir>/latest.json` at a complete folder. Refuses a target without a manifest."""
     manifest = require_manifest(target_uri, "latest target")
     loc = locate(pointer_dir)
+    _before_write(loc.uri)
     body = {"uri": manifest.uri, "created_at": manifest.created_at,
             "updated_at": datetime.now(UTC).isoformat(timespec="seconds")}
     loc.backend.put_bytes(json.dumps(body).encode(), loc.key(LATEST))
@@ -574,6 +601,7 @@ def delete_checkpoint(stage_uri: str, step: int) -> None:
     """Remove one checkpoint: its manifest first, so from the first deletion on no reader takes the folder for
     complete, then every file left under it (including leftovers of an interrupted upload)."""
     loc = locate(checkpoint_uri(stage_uri, step))
+    _before_write(loc.uri)
     loc.backend.delete(loc.key(MANIFEST))
     base = loc.key()  # "" when the backend's root is the checkpoint folder itself (file://)
     for key in loc.backend.list(base + "/" if base else ""):

@@ -162,6 +162,18 @@ class Stack:
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.airflow_home / "logs"),
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            # Crash recovery within about a minute instead of five (tests/e2e/test_crash_recovery.py measures it).
+            # A dead scheduler's running tasks are reset (and retried) by the next scheduler once its job missed
+            # heartbeats for scheduler_health_check_threshold (30 s, the default; 6 missed 5 s beats), checked every
+            # 15 s instead of 300 s. A task whose worker died is failed (then retried) after 60 s without a
+            # heartbeat (default 300 s; the worker beats every 5 s), checked every 5 s instead of 10 s. Costs: a
+            # few more small DB queries a minute, and a machine stalled past 60 s (swap, a frozen VM) has its
+            # tasks retried while they still run; the stage lease (training/lease.py) then stops the old attempt,
+            # and the retry resumes from the last checkpoint.
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "30",
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         }

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 from operators.stage_operator import PosttrainStageOperator, browse_url
 from plugins.links import CheckpointLink, MlflowRunLink
 
@@ -54,3 +56,21 @@ def test_storage_browser_lists_a_stage_folder(tmp_path, monkeypatch) -> None:
         assert client.get("/browse", params={"uri": f"{root}/../x"}).status_code == 403
     finally:
         browse.app.dependency_overrides.clear()
+
+
+def test_sandbox_connection_becomes_stage_env(monkeypatch) -> None:
+    # An Airflow connection defined the standard way (AIRFLOW_CONN_*), read through Airflow's own lookup.
+    from plugins.hooks import SandboxServiceHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_SANDBOX_DEFAULT", json.dumps(
+        {"conn_type": "http", "host": "sandbox", "port": 8081, "password": "s3cret"}))
+    assert SandboxServiceHook().stage_env() == {"POSTTRAIN_SANDBOX_URL": "http://sandbox:8081",
+                                                "POSTTRAIN_SANDBOX_TOKEN": "s3cret"}
+    monkeypatch.setenv("AIRFLOW_CONN_SANDBOX_DEFAULT", json.dumps(
+        {"conn_type": "http", "host": "https://sandbox.internal", "password": "t"}))
+    assert SandboxServiceHook().stage_env()["POSTTRAIN_SANDBOX_URL"] == "https://sandbox.internal"
+    # No connection: the worker's own environment, if any
+    monkeypatch.delenv("AIRFLOW_CONN_SANDBOX_DEFAULT")
+    monkeypatch.setenv("POSTTRAIN_SANDBOX_URL", "http://127.0.0.1:8090")
+    monkeypatch.delenv("POSTTRAIN_SANDBOX_TOKEN", raising=False)
+    assert SandboxServiceHook().stage_env() == {"POSTTRAIN_SANDBOX_URL": "http://127.0.0.1:8090"}

@@ -17,17 +17,53 @@ program ran and its value compared on the host. The reward is 1.0 only when the 
 
 which the sandbox runs as a `sandbox.TestProgram` (the test in its own process, calling the candidate's
 functions in another over plain values; see sandbox/README.md).
+
+Where the code runs: the local sandbox pool, or, when a sandbox URL is set, the sandbox HTTP service
+(`sandbox/server.py`, e.g. compose's `http://sandbox:8081`), which is how a GPU worker hands execution to a CPU
+sandbox fleet. The URL comes from the stage config's `sandbox_url` (`use_remote_sandbox`) or the environment's
+`POSTTRAIN_SANDBOX_URL`; the token from `POSTTRAIN_SANDBOX_TOKEN` (the operator passes the `sandbox_default`
+Airflow connection's password as that variable). The verdicts, and so the rewards, are the same either way.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
 
 from training.rewards.base import REWARDS, Verifier, register_verifier
+
+SANDBOX_URL_ENV = "POSTTRAIN_SANDBOX_URL"
+SANDBOX_TOKEN_ENV = "POSTTRAIN_SANDBOX_TOKEN"
+_remote_url: str | None = None  # set by a stage from its config; None = the environment decides
+
+
+def use_remote_sandbox(url: str | None) -> None:
+    """Send this process's code jobs to the sandbox service at `url` ("" or None: the environment's
+    POSTTRAIN_SANDBOX_URL, else the local pool). Stages call it with their config's `sandbox_url`."""
+    global _remote_url
+    _remote_url = url or None
+
+
+def sandbox_url() -> str:
+    """The sandbox service code jobs go to ("" = the local pool)."""
+    return _remote_url or os.environ.get(SANDBOX_URL_ENV, "").strip()
+
+
+def run_jobs(jobs: list[Any], concurrency: int | None = None) -> list[Any]:
+    """Verdicts of `jobs` (in order) from the remote service when one is set, else from the local pool."""
+    url = sandbox_url()
+    if url:
+        from sandbox.client import RemoteSandbox
+
+        return RemoteSandbox(url, os.environ.get(SANDBOX_TOKEN_ENV, "").strip() or None).run_batch(jobs)
+    from sandbox import run_batch
+
+    return run_batch(jobs, concurrency=concurrency)  # None: run_batch's default
+
 
 _FENCE_RE = re.compile(r"```[ \t]*[\w+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -155,7 +191,7 @@ def code_job(completion: str, tests: Any, metadata: Any, job_id: str, limits: An
 def _verdicts(tasks: Sequence[Any], completions: Sequence[str], concurrency: int | None = None,
               limits: Any = None) -> list[Any]:
     """The sandbox verdict of every completion (None where nothing ran: empty, unusable tests, no parse). All
-    runnable rows go to one `sandbox.run_batch`."""
+    runnable rows go to one batch (`run_jobs`: the local pool or the remote service)."""
     out: list[Any] = [None] * len(completions)
     jobs, rows = [], []
     for i, (task, completion) in enumerate(zip(tasks, completions)):
@@ -165,9 +201,7 @@ def _verdicts(tasks: Sequence[Any], completions: Sequence[str], concurrency: int
             jobs.append(job)
             rows.append(i)
     if jobs:
-        from sandbox import run_batch
-
-        for i, verdict in zip(rows, run_batch(jobs, concurrency=concurrency)):  # None: run_batch's default
+        for i, verdict in zip(rows, run_jobs(jobs, concurrency)):
             out[i] = verdict
     return out
 

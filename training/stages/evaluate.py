@@ -27,6 +27,7 @@ from training.evaluation.measure import by_domain, context_limit, evaluate_model
 from training.evaluation.plots import plot_report
 from training.evaluation.report import render_html, render_markdown
 from training.registry import DEFAULT_MODEL_NAME
+from training.rewards.code import use_remote_sandbox
 from training.rollout.hf import HFRolloutEngine
 from training.stage import StageContext
 
@@ -52,6 +53,8 @@ class EvalConfig(ConfigBase):
     device:             "auto" (CUDA when visible), "cpu" or "cuda"; bf16 weights on CUDA.
     rollout_engine:     "auto" (vLLM on CUDA when installed, else transformers), "hf" or "vllm".
     vllm_gpu_memory_utilization, vllm_max_model_len: the vLLM engine's settings (0 = the model's context).
+    sandbox_url:        the sandbox HTTP service code tasks run on (token from POSTTRAIN_SANDBOX_TOKEN); "" =
+                        POSTTRAIN_SANDBOX_URL, else the local sandbox pool.
 
     Prompts are rendered with each model's chat template and saved chat settings, as in training; a task whose
     prompt does not fit the model's context with max_new_tokens is dropped and counted, never cut.
@@ -76,6 +79,7 @@ class EvalConfig(ConfigBase):
     rollout_engine: str = "auto"
     vllm_gpu_memory_utilization: float = 0.6
     vllm_max_model_len: int = 0
+    sandbox_url: str = ""
 
     def __post_init__(self) -> None:
         if any(not 0 < f < 1 for f in self.long_context_fractions):
@@ -120,6 +124,7 @@ def open_engine(spec: str, cache: Path, cfg: EvalConfig) -> tuple[Any, Any, Prom
 
 def body(ctx: StageContext) -> dict[str, Any]:
     cfg: EvalConfig = ctx.config  # type: ignore[assignment]
+    use_remote_sandbox(cfg.sandbox_url)
     holdout = ctx.tasks("holdout")
     rng = random.Random(cfg.seed)
     tasks = []

@@ -42,6 +42,7 @@ from training.lora import LoraSettings, apply_lora, is_lora, merged_state_dict, 
 from training.optimizers import adamw
 from training.phases import PhaseTimer
 from training.precision import autocast, enable_gradient_checkpointing, resolve_precision
+from training.rewards.code import use_remote_sandbox
 from training.rollout import ENGINES, Completion, make_engine
 from training.rollout.base import length_cut_share
 from training.stage import StageContext, rl_round_stage
@@ -116,6 +117,8 @@ class GRPOConfig(ConfigBase):
     vllm_tensor_parallel_size: the vLLM engine's settings (training/rollout/vllm.py); with sleep mode the engine
                         gives its GPU memory back to the trainer during the update.
     device:             "cpu", "cuda" or "auto".
+    sandbox_url:        the sandbox HTTP service code rewards run on (e.g. http://sandbox:8081; its token from
+                        POSTTRAIN_SANDBOX_TOKEN); "" = POSTTRAIN_SANDBOX_URL, else the local sandbox pool.
     parallel:           under torchrun (N processes): DDP or FSDP for the update, rollout seeding, the weight-sync
                         bucket, the memory check (training.distributed.ParallelConfig). prompts_per_step stays the
                         global batch: each rank samples and scores its share of the prompts, the groups are
@@ -174,6 +177,7 @@ class GRPOConfig(ConfigBase):
     vllm_sleep_mode: bool = True
     vllm_tensor_parallel_size: int = 1
     device: str = "auto"
+    sandbox_url: str = ""
     parallel: distributed.ParallelConfig = field(default_factory=distributed.ParallelConfig)
 
     def __post_init__(self) -> None:
@@ -588,6 +592,7 @@ def engine_options(cfg: GRPOConfig, engine_name: str) -> dict[str, Any]:
 
 def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     cfg: GRPOConfig = ctx.config  # type: ignore[assignment]
+    use_remote_sandbox(cfg.sandbox_url)
     device = distributed.local_device(resolve_device(cfg.device))
     world = distributed.world_size()
     prev = "sft" if round_ == 1 else rl_round_stage(round_ - 1)
