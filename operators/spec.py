@@ -19,6 +19,9 @@ class StageSpec:
     gpus:      GPUs to request (0 = none).
     memory:    container memory limit, e.g. "16g"; None = no limit.
     cpus:      container CPU limit; None = no limit.
+    pids:      container process limit (docker's --pids-limit), so a runaway stage (leaked dataloader or
+               sandbox workers) cannot exhaust the host's pids; None = the engine's default. Docker only:
+               Kubernetes sets it per node (the kubelet's podPidsLimit), not per pod.
     timeout_s: wall-clock limit for the stage; the launcher stops it when exceeded.
     env:       extra non-secret environment for the stage.
     nproc_per_node: processes per node; > 1 (or nnodes > 1) starts the stage under torchrun, one process per
@@ -35,6 +38,7 @@ class StageSpec:
     gpus: int = 0
     memory: str | None = None
     cpus: float | None = None
+    pids: int | None = None
     timeout_s: int = 6 * 3600
     env: dict[str, str] = field(default_factory=dict)
     nproc_per_node: int = 1

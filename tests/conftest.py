@@ -139,3 +139,19 @@ def airflow_db() -> Path:
                          env=os.environ.copy())
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     return _AIRFLOW_HOME
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A real Docker engine: a private dockerd started for this session (tests/docker_engine.py), stopped at its
+    end with every container it ran. Skips, saying why, where dockerd cannot run."""
+    from tests.docker_engine import Engine, EngineUnavailable
+
+    try:
+        engine = Engine.start()
+    except EngineUnavailable as exc:
+        pytest.skip(f"no Docker engine: {exc}")
+    try:
+        yield engine
+    finally:
+        engine.stop()

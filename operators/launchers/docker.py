@@ -53,6 +53,10 @@ class DockerLauncher:
             "labels": {"posttrain.stage": spec.command},
             "volumes": self.volumes,
             "shm_size": "2g",  # torch dataloaders and NCCL need more than docker's 64 MB default
+            # docker-init as PID 1: the kernel shields a namespace's PID 1 from signals it has no handler for, so
+            # a stage running as PID 1 would ignore `docker stop`'s SIGTERM (on_kill then waited out grace_s for
+            # the SIGKILL) and its own SIGKILL fault hook; init forwards signals and reaps the stage's children.
+            "init": True,
         }
         if spec.gpus:  # under torchrun, one GPU per process at least
             count = max(spec.gpus, spec.nproc_per_node)
@@ -61,6 +65,8 @@ class DockerLauncher:
             kwargs["mem_limit"] = spec.memory
         if spec.cpus:
             kwargs["nano_cpus"] = int(spec.cpus * 1e9)
+        if spec.pids:
+            kwargs["pids_limit"] = spec.pids
         if self.network:
             kwargs["network"] = self.network
         return kwargs

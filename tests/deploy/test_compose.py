@@ -1,4 +1,8 @@
-"""infra/compose.yaml: structural invariants (always; PyYAML only) and `docker compose config` (when present).
+"""infra/compose.yaml: structural invariants (always; PyYAML only) and `docker compose config`.
+
+The config check runs `docker compose` (v2) where it is installed, else `docker-compose`: CI installs Debian
+bookworm's docker-compose 1.29 (.ci/run), the only compose in the package registries this project builds from
+(no v2 binary is on PyPI or npm, and bookworm has no v2 package).
 
 The invariants are the defects the stack once had: stages that could not reach minio or mlflow, Airflow
 components with different JWT secrets, well-known credentials, MLflow inside the CUDA image, a sandbox
@@ -63,6 +67,18 @@ def test_env_template_names_every_variable_the_stack_reads() -> None:
     assert "infra/.env" in (REPO / ".gitignore").read_text().splitlines()
 
 
+def _template() -> dict[str, str]:
+    return dict(line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines()
+                if line and not line.startswith("#"))
+
+
+def test_project_name_comes_from_the_env_template(compose) -> None:
+    """Containers and volumes are named after the project. compose 1.29 rejects a top-level `name:`, so the
+    template sets COMPOSE_PROJECT_NAME, which compose 1 and 2 both read from the env file."""
+    assert "name" not in compose
+    assert _template()["COMPOSE_PROJECT_NAME"] == "posttrain"
+
+
 def test_stages_join_the_named_network_and_share_the_model_cache(compose) -> None:
     network = compose["networks"]["default"]["name"]
     cache = compose["volumes"]["hf-cache"]["name"]
@@ -100,6 +116,9 @@ def test_sandbox_is_internal_and_gets_a_token(compose) -> None:
     assert "POSTTRAIN_SANDBOX_TOKEN" in env_of(sandbox)
 
 
+NO_COMPOSE = "neither `docker compose` nor `docker-compose` is installed (Debian: apt-get install docker-compose)"
+
+
 def compose_cli() -> list[str] | None:
     for argv in (["docker", "compose"], ["docker-compose"]):
         if shutil.which(argv[0]) is None:
@@ -115,7 +134,7 @@ def compose_cli() -> list[str] | None:
 def test_docker_compose_config_accepts_the_stack_with_the_template() -> None:
     cli = compose_cli()
     if cli is None:
-        pytest.skip("neither `docker compose` nor `docker-compose` is installed")
+        pytest.skip(NO_COMPOSE)
     for profiles in ([], ["--profile", "gpu", "--profile", "sandbox"]):
         proc = subprocess.run([*cli, "-f", str(COMPOSE), "--env-file", str(ENV_EXAMPLE), *profiles, "config",
                                "--quiet"], capture_output=True, text=True, timeout=120)
@@ -125,7 +144,7 @@ def test_docker_compose_config_accepts_the_stack_with_the_template() -> None:
 def test_docker_compose_config_refuses_a_missing_secret(tmp_path: Path) -> None:
     cli = compose_cli()
     if cli is None:
-        pytest.skip("neither `docker compose` nor `docker-compose` is installed")
+        pytest.skip(NO_COMPOSE)
     env = tmp_path / "partial.env"
     env.write_text("\n".join(line for line in ENV_EXAMPLE.read_text().splitlines()
                              if not line.startswith("AIRFLOW_JWT_SECRET=")))

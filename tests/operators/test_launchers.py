@@ -94,7 +94,7 @@ def client():
 
 def test_docker_requests_gpus_limits_and_streams(client) -> None:
     spec = StageSpec("rl-round", args=("--round", "1"), launcher="docker", image="posttrain-train:1",
-                     gpus=2, memory="32g", cpus=8)
+                     gpus=2, memory="32g", cpus=8, pids=4096)
     lines: list[str] = []
     rc = DockerLauncher(client).run(spec, ["posttrain", "rl-round"], {"AWS_ACCESS_KEY_ID": "k"}, lines.append)
     assert rc == 0
@@ -103,14 +103,15 @@ def test_docker_requests_gpus_limits_and_streams(client) -> None:
     assert kwargs["image"] == "posttrain-train:1" and kwargs["command"] == ["posttrain", "rl-round"]
     (request,) = kwargs["device_requests"]
     assert request["Count"] == 2 and request["Capabilities"] == [["gpu"]]
-    assert kwargs["mem_limit"] == "32g" and kwargs["nano_cpus"] == 8_000_000_000
+    assert kwargs["mem_limit"] == "32g" and kwargs["nano_cpus"] == 8_000_000_000 and kwargs["pids_limit"] == 4096
+    assert kwargs["init"] is True  # signals reach the stage (tests/operators/test_docker_launcher_real.py)
     assert kwargs["environment"] == {"AWS_ACCESS_KEY_ID": "k"} and kwargs["detach"] is True
     client.containers.run.return_value.remove.assert_called_with(force=True)
 
 
 def test_docker_without_gpus_requests_none(client) -> None:
     DockerLauncher(client).run(StageSpec("evaluate", launcher="docker"), ["posttrain"], {}, lambda _: None)
-    assert "device_requests" not in client.containers.run.call_args.kwargs
+    assert not {"device_requests", "pids_limit"} & set(client.containers.run.call_args.kwargs)
 
 
 def test_docker_stop_stops_the_container(client) -> None:
