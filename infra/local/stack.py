@@ -399,6 +399,7 @@ class Stack:
                                                                     "queues": self.queues}))
             if self.celery:
                 order[order.index("airflow"):order.index("airflow")] = list(CELERY_BACKENDS)
+        later: list[Service] = []  # launched, health awaited last: MLflow starts while Airflow migrates its DB
         for name in order:
             svc = self._service(name)
             if self.running_pid(name) and svc.healthy():
@@ -413,6 +414,9 @@ class Stack:
             for companion, argv in svc.companions:
                 if not self.running_pid(companion):
                     self._launch(companion, argv, {**svc.env, **svc.companion_env.get(companion, {})})
+            if name == "mlflow" and "airflow" in order[order.index(name):]:
+                later.append(svc)
+                continue
             self._wait_healthy(svc)
             if name == "postgres":
                 self._create_airflow_database()
@@ -423,6 +427,9 @@ class Stack:
                 (self.s3_dir / S3_MARKER).write_text("S3 data of the posttrain local stack\n")
                 if fresh and self._reset_mlflow(say) and "mlflow" not in order:
                     order.append("mlflow")  # it was running on the old S3: bring it back, on the new one
+        for svc in later:
+            self._wait_healthy(svc)
+            say(f"  {svc.name:8s} up  (logs: {self.log_dir / (svc.name + '.log')})")
         self._write_env_file()
 
     @property
@@ -456,10 +463,13 @@ class Stack:
         )
         if res.returncode != 0:
             raise StackError(f"`airflow db migrate` failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-        # The DAGs put GPU stages in pool "gpu" and sandbox-heavy ones in "sandbox": one slot each here.
-        for pool, slots, what in (("gpu", 1, "GPU stages"), ("sandbox", 1, "sandbox-heavy stages")):
-            subprocess.run([_bin("airflow"), "pools", "set", pool, str(slots), what],
-                           env={**os.environ, **env}, cwd=self.state, capture_output=True, text=True, check=True)
+        # The DAGs put GPU stages in pool "gpu" and sandbox-heavy ones in "sandbox": one slot each here. One
+        # `pools import` rather than a `pools set` each: every Airflow command costs seconds of imports.
+        pools = self.airflow_home / "pools.json"
+        pools.write_text(json.dumps({"gpu": {"slots": 1, "description": "GPU stages"},
+                                     "sandbox": {"slots": 1, "description": "sandbox-heavy stages"}}))
+        subprocess.run([_bin("airflow"), "pools", "import", str(pools)],
+                       env={**os.environ, **env}, cwd=self.state, capture_output=True, text=True, check=True)
 
     # ----- the CeleryExecutor's PostgreSQL and Redis --------------------------------------------------------
     def _prepare_postgres(self, user: str | None, say) -> None:
@@ -572,14 +582,17 @@ class Stack:
             if name == "airflow":
                 # The CeleryExecutor's workers, then its database and broker, after the rest of Airflow.
                 names += ["airflow-scheduler", "airflow-dag-processor", *self.workers(), *CELERY_BACKENDS]
-        for name in names:
-            pid = self.running_pid(name)
-            if pid:
-                # SIGINT is PostgreSQL's fast shutdown (SIGTERM would wait for every client to leave).
-                _stop_group(pid, sig=signal.SIGINT if name == "postgres" else signal.SIGTERM)
-                if not quiet:
-                    print(f"  {name:22s} stopped (pid {pid})", flush=True)
-            self._pidfile(name).unlink(missing_ok=True)
+        # All at once, each group with its own grace period running side by side (MLflow's server alone takes the
+        # whole grace to go); the database and broker only once every Airflow process is gone.
+        for phase in ([n for n in names if n not in CELERY_BACKENDS], [n for n in names if n in CELERY_BACKENDS]):
+            running = {name: pid for name in phase if (pid := self.running_pid(name))}
+            # SIGINT is PostgreSQL's fast shutdown (SIGTERM would wait for every client to leave).
+            _stop_groups([(pid, signal.SIGINT if name == "postgres" else signal.SIGTERM)
+                          for name, pid in running.items()])
+            for name in phase:
+                if name in running and not quiet:
+                    print(f"  {name:22s} stopped (pid {running[name]})", flush=True)
+                self._pidfile(name).unlink(missing_ok=True)
 
     def status(self) -> dict[str, dict]:
         out = {}
@@ -668,31 +681,36 @@ def _check_port_free(port: int, name: str) -> None:
             )
 
 
-def _stop_group(pid: int, grace_s: float = 15.0, sig: signal.Signals = signal.SIGTERM) -> None:
-    try:
-        pgid = os.getpgid(pid)
-    except ProcessLookupError:
-        return
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
+def _stop_groups(targets: list[tuple[int, signal.Signals]], grace_s: float = 15.0) -> None:
+    """Signal the process group of each (leader pid, signal), wait up to `grace_s` for all of them to be gone,
+    then SIGKILL what is left."""
+    groups: dict[int, int] = {}  # pgid -> leader pid
+    for pid, sig in targets:
         try:
-            os.killpg(pgid, 0)
+            pgid = os.getpgid(pid)
+            os.killpg(pgid, sig)
         except ProcessLookupError:
-            return
-        # Reap if it happens to be our child (tests start the stack in-process).
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+            continue
+        groups[pgid] = pid
+    deadline = time.monotonic() + grace_s
+    while groups and time.monotonic() < deadline:
+        for pgid, pid in list(groups.items()):
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                del groups[pgid]
+                continue
+            # Reap if it happens to be our child (tests start the stack in-process).
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
         time.sleep(0.2)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _tail(path: Path, n: int = 30) -> str:
