@@ -582,8 +582,9 @@ class Stack:
             if name == "airflow":
                 # The CeleryExecutor's workers, then its database and broker, after the rest of Airflow.
                 names += ["airflow-scheduler", "airflow-dag-processor", *self.workers(), *CELERY_BACKENDS]
-        # All at once, each group with its own grace period running side by side (MLflow's server alone takes the
-        # whole grace to go); the database and broker only once every Airflow process is gone.
+        # All at once, the groups' grace periods running side by side rather than one after the other (on a loaded
+        # machine MLflow's server alone used the whole 15 s); the database and broker once every Airflow process
+        # is gone.
         for phase in ([n for n in names if n not in CELERY_BACKENDS], [n for n in names if n in CELERY_BACKENDS]):
             running = {name: pid for name in phase if (pid := self.running_pid(name))}
             # SIGINT is PostgreSQL's fast shutdown (SIGTERM would wait for every client to leave).
