@@ -42,8 +42,11 @@ test-browser: install
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# EXECUTOR=celery: Airflow's CeleryExecutor (PostgreSQL, Redis, one worker per queue); QUEUES=gpu,cpu picks them.
+EXECUTOR ?=
+QUEUES ?=
 up: install
-	$(PY) infra/local/stack.py up
+	$(PY) infra/local/stack.py up $(if $(EXECUTOR),--executor $(EXECUTOR)) $(if $(QUEUES),--queues $(QUEUES))
 
 down:
 	@if [ -x $(PY) ]; then $(PY) infra/local/stack.py down; else python3 infra/local/stack.py down; fi

@@ -15,6 +15,7 @@ from typing import Any
 from airflow.sdk import Asset, BaseBranchOperator
 
 from operators.form import DEFAULT_RUN_ROOT, MAX_ROUNDS, PARAMS
+from operators.queues import QUEUES
 from operators.spec import StageSpec
 from training.profiles import preset
 
@@ -156,17 +157,18 @@ def rounds_through_promotion(run_uri: str) -> Any:
         config="{{ stage_config('evaluate', params) }}", pool="sandbox", trigger_rule="none_failed")
     gate = PosttrainStageOperator(task_id="gate", spec=spec("gate"), run_uri=run_uri,
                                   config="{{ stage_config('gate', params) }}")
+    # Stage tasks take their queue from their stage (operators/queues.py); the control tasks are cpu work.
     approval = PromotionApproval(
-        task_id="approval", gate_task_id="gate", evaluate_task_id="evaluate",
+        task_id="approval", queue=QUEUES.cpu, gate_task_id="gate", evaluate_task_id="evaluate",
         require="{{ params.require_approval | default(false) }}",
         timeout_hours="{{ params.approval_timeout_hours | default(24) }}")
-    branch = GateBranchOperator(task_id="gate_verdict", gate_task_id="gate", promote_task_id="promote",
-                                blocked_task_id="blocked", approval_task_id="approval")
+    branch = GateBranchOperator(task_id="gate_verdict", queue=QUEUES.cpu, gate_task_id="gate",
+                                promote_task_id="promote", blocked_task_id="blocked", approval_task_id="approval")
     promote = PosttrainStageOperator(
         task_id="promote", spec=spec("promote"), run_uri=run_uri,
         config="{{ promote_config(params, ti.xcom_pull(task_ids='approval')) }}")
-    blocked = EmptyOperator(task_id="blocked")
-    end = EndTrackingOperator(task_id="end_tracking", run_uri=run_uri).as_teardown()
+    blocked = EmptyOperator(task_id="blocked", queue=QUEUES.cpu)
+    end = EndTrackingOperator(task_id="end_tracking", run_uri=run_uri, queue=QUEUES.cpu).as_teardown()
     chain(*rounds, evaluate, gate, approval, branch, [promote, blocked])
     [promote, blocked] >> end
     return rounds[0]

@@ -16,6 +16,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from operators.launchers.base import Launcher
+from operators.queues import QUEUES
 from operators.spec import LAUNCHERS, StageSpec
 from plugins.hooks import DockerEngineHook, MlflowHook, ObjectStoreHook, SandboxServiceHook
 from plugins.links import CheckpointLink, MlflowRunLink
@@ -37,6 +38,7 @@ class PosttrainStageOperator(BaseOperator):
     :param sandbox_conn_id: Airflow connection for the reward sandbox service (host = its URL, password = its
         token); undefined = the worker's POSTTRAIN_SANDBOX_URL/TOKEN, else stages use their local sandbox.
     :param private_env: secrets for the stage; never templated, never rendered in the UI.
+    :param queue: the executor queue; default: the stage kind's (operators/queues.py: gpu, cpu or sandbox).
     :param enabled: templated; when it renders false ("False", "0", "") the task is skipped, e.g.
         ``"{{ params.rounds >= 3 }}"`` for a round beyond the requested number.
     """
@@ -62,6 +64,9 @@ class PosttrainStageOperator(BaseOperator):
         kubernetes_namespace: str = "posttrain",
         **kwargs: Any,
     ) -> None:
+        # The executor queue follows the stage's kind (operators/queues.py) unless the task names one.
+        if isinstance(spec, StageSpec):
+            kwargs.setdefault("queue", QUEUES.for_command(spec.command))
         super().__init__(**kwargs)
         if not isinstance(spec, StageSpec):
             raise ValueError(f"spec must be a StageSpec, got {type(spec).__name__}")

@@ -4,6 +4,7 @@
     python infra/local/stack.py status
     python infra/local/stack.py down                                  # stops only what `up` started
     python infra/local/stack.py env                                   # shell exports for the stack
+    python infra/local/stack.py up --executor celery [--queues gpu,cpu,sandbox]   # Airflow scaled out
 
 Everything lives under one project-local state folder (default `.local/`): pid files, logs, the MLflow
 SQLite database, AIRFLOW_HOME, and `env` (the exports a stage or a shell needs to reach the stack).
@@ -15,6 +16,15 @@ every object as a file under `<state>/s3`, so models, checkpoints and MLflow art
 reboot, and it creates its buckets before it listens: once S3 answers at all, its buckets are there.
 
 Every service listens on 127.0.0.1 unless `--host` (or POSTTRAIN_STACK_HOST) says otherwise.
+
+Executors (`--executor`, or POSTTRAIN_EXECUTOR; default `local`):
+- `local`: Airflow's LocalExecutor on SQLite; the scheduler runs every task itself.
+- `celery`: Airflow's CeleryExecutor, as on a cluster: a real PostgreSQL server (initdb'd under
+  `<state>/postgres`, run as the `postgres` user when the stack runs as root, because PostgreSQL refuses root)
+  holds Airflow's metadata and Celery's results, a real `redis-server` is the broker, and one
+  `airflow celery worker` per queue (`--queues`, default gpu,cpu,sandbox as operators/queues.py names them)
+  runs the tasks of that queue only, one at a time. Both servers listen on 127.0.0.1 only, on their own ports,
+  with passwords generated into `<state>/secrets.json`; nothing runs as a system service.
 
 Each service runs in its own session (process group), so `down` stops the whole group: `airflow api-server`
 and `mlflow server` fork workers that would otherwise outlive their parent. A pid file records the process start
@@ -28,6 +38,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,13 +48,21 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_STATE = REPO / ".local"
 ALL_SERVICES = ("s3", "mlflow", "airflow")
-DEFAULT_PORTS = {"s3": 9000, "mlflow": 5000, "airflow": 8080}
+DEFAULT_PORTS = {"s3": 9000, "mlflow": 5000, "airflow": 8080, "postgres": 15432, "redis": 16379}
+EXECUTORS = ("local", "celery")
+# What the CeleryExecutor needs besides Airflow, started before it (and stopped after it).
+CELERY_BACKENDS = ("postgres", "redis")
+# The queue names, read from the same variables with the same defaults as operators/queues.py (this file
+# imports nothing from the project; tests/foundation/test_queues.py checks the two agree).
+QUEUE_ENV = {"gpu": "POSTTRAIN_QUEUE_GPU", "cpu": "POSTTRAIN_QUEUE_CPU", "sandbox": "POSTTRAIN_QUEUE_SANDBOX"}
+WORKER_PREFIX = "celery-worker-"
 BUCKETS = ("posttrain", "mlflow")
 # s3rver's one built-in account (see s3_server.py): dev credentials, not secrets.
 DEV_ACCESS_KEY = "S3RVER"
@@ -66,6 +87,36 @@ class Service:
     start_timeout_s: float = 120.0
     # Helpers started alongside the main process (e.g. Airflow's scheduler); they share its lifetime.
     companions: list[tuple[str, list[str]]] = field(default_factory=list)
+    # Extra environment of one companion (a Celery worker's name), over `env`.
+    companion_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    # A health check for a service that does not speak HTTP (PostgreSQL, Redis); else GET health_url.
+    probe: Callable[[], bool] | None = None
+    # Run as this user: PostgreSQL refuses to run as root.
+    user: str | None = None
+
+    def healthy(self) -> bool:
+        return self.probe() if self.probe is not None else _healthy(self.health_url)
+
+
+def queue_name(kind: str) -> str:
+    """The queue of a kind of worker (gpu, cpu, sandbox), as operators/queues.py reads it."""
+    return os.environ.get(QUEUE_ENV[kind], "").strip() or kind
+
+
+def default_queues() -> tuple[str, ...]:
+    return tuple(queue_name(kind) for kind in QUEUE_ENV)
+
+
+def worker_name(queue: str) -> str:
+    """The name a Celery worker of the local stack reports as its host (task instances' `hostname`)."""
+    return f"{queue}-worker"
+
+
+def worker_hostname() -> str:
+    """Airflow's [core] hostname_callable in the stack's Celery workers. Every worker of the local stack is on
+    the same machine, so the machine's name would not tell them apart; each worker's environment names it
+    instead, and a task instance's `hostname` then says which worker ran it (on separate hosts it is the FQDN)."""
+    return os.environ.get("POSTTRAIN_WORKER_HOSTNAME") or socket.getfqdn()
 
 
 def free_port() -> int:
@@ -93,7 +144,8 @@ class Stack:
     """Start, inspect and stop the local services, all state under `state_dir`."""
 
     def __init__(self, state_dir: Path = DEFAULT_STATE, ports: dict[str, int] | None = None,
-                 host: str = DEFAULT_HOST) -> None:
+                 host: str = DEFAULT_HOST, executor: str | None = None,
+                 queues: tuple[str, ...] | None = None) -> None:
         self.state = Path(state_dir).resolve()
         # Where the services listen; clients always use 127.0.0.1 (a wildcard host still answers there).
         self.host = host
@@ -102,6 +154,12 @@ class Stack:
         self.ports = dict(DEFAULT_PORTS)
         self.ports.update(self._saved_ports())
         self.ports.update(ports or {})
+        # Asked for > POSTTRAIN_EXECUTOR > what the running Airflow was started with > local.
+        saved = self._saved_executor()
+        self.executor = executor or os.environ.get("POSTTRAIN_EXECUTOR") or saved.get("executor") or "local"
+        if self.executor not in EXECUTORS:
+            raise StackError(f"executor {self.executor!r} is not one of {', '.join(EXECUTORS)}")
+        self.queues = tuple(queues or saved.get("queues") or default_queues())
 
     # ----- addresses -------------------------------------------------------------------------------------
     @property
@@ -117,7 +175,35 @@ class Stack:
         return f"http://127.0.0.1:{self.ports['airflow']}"
 
     def url(self, name: str) -> str:
+        if name in CELERY_BACKENDS:
+            return f"{'postgresql' if name == 'postgres' else 'redis'}://127.0.0.1:{self.ports[name]}"
         return {"s3": self.s3_url, "mlflow": self.mlflow_url, "airflow": self.airflow_url}[name]
+
+    @property
+    def celery(self) -> bool:
+        return self.executor == "celery"
+
+    def _secret(self, name: str) -> str:
+        """A password generated on first use and kept in `<state>/secrets.json` (readable by its owner only)."""
+        path = self.state / "secrets.json"
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        if name not in saved:
+            saved[name] = secrets.token_hex(16)
+            self.state.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)
+            path.write_text(json.dumps(saved))
+        return str(saved[name])
+
+    @property
+    def database_url(self) -> str:
+        return f"postgresql+psycopg2://airflow:{self._secret('postgres')}@127.0.0.1:{self.ports['postgres']}/airflow"
+
+    @property
+    def broker_url(self) -> str:
+        return f"redis://:{self._secret('redis')}@127.0.0.1:{self.ports['redis']}/0"
 
     @property
     def airflow_home(self) -> Path:
@@ -176,6 +262,23 @@ class Stack:
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            **(self._celery_env() if self.celery else {}),
+        }
+
+    def _celery_env(self) -> dict[str, str]:
+        """What the CeleryExecutor mode changes in every Airflow component's environment."""
+        return {
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url,
+            "AIRFLOW__CELERY__BROKER_URL": self.broker_url,
+            "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.database_url,
+            # A task that names no queue goes to the cpu workers (Airflow's own default, "default", has none).
+            "AIRFLOW__OPERATORS__DEFAULT_QUEUE": queue_name("cpu"),
+            # A stage may run for hours (6 h by default, StageSpec.timeout_s): Redis must not hand its task to a
+            # second worker meanwhile. Said explicitly: the Celery provider warns when it is left unset.
+            "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": str(24 * 3600),
+            # Sending a task to Redis can take over the 1 s default on a busy 2-core machine.
+            "AIRFLOW__CELERY__OPERATION_TIMEOUT": "10",
         }
 
     def airflow_password(self) -> str | None:
@@ -217,17 +320,47 @@ class Stack:
             )
         if name == "airflow":
             env = self.airflow_env()
+            companions = [
+                ("airflow-scheduler", [_bin("airflow"), "scheduler"]),
+                ("airflow-dag-processor", [_bin("airflow"), "dag-processor"]),
+            ]
+            companion_env = {}
+            if self.celery:
+                for queue in self.queues:
+                    # One task at a time per worker (2 cores); no gossip or mingle between workers, which only
+                    # slows their start; no log server: every worker writes to the same local log folder, which
+                    # the api-server reads directly.
+                    companions.append((WORKER_PREFIX + queue, [
+                        _bin("airflow"), "celery", "worker", "--queues", queue, "--concurrency", "1",
+                        "--celery-hostname", f"{worker_name(queue)}@%h", "--skip-serve-logs",
+                        "--without-mingle", "--without-gossip"]))
+                    companion_env[WORKER_PREFIX + queue] = {
+                        "POSTTRAIN_WORKER_HOSTNAME": worker_name(queue),
+                        "AIRFLOW__CORE__HOSTNAME_CALLABLE": "infra.local.stack.worker_hostname",
+                    }
             return Service(
                 "airflow",
                 [_bin("airflow"), "api-server", "--host", self.host, "--port", str(self.ports["airflow"])],
                 f"{self.airflow_url}/api/v2/monitor/health",
                 env=env,
                 start_timeout_s=180,
-                companions=[
-                    ("airflow-scheduler", [_bin("airflow"), "scheduler"]),
-                    ("airflow-dag-processor", [_bin("airflow"), "dag-processor"]),
-                ],
+                companions=companions,
+                companion_env=companion_env,
             )
+        if name == "postgres":
+            data = self.state / "postgres" / "data"
+            return Service(
+                "postgres",
+                # TCP on the loopback only (no Unix socket: its default folder belongs to a system service).
+                [_pg_bin("postgres"), "-D", str(data), "-p", str(self.ports["postgres"]),
+                 "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
+                 # A dev database: a crash may lose the last commits, never consistency; saves fsyncs on a
+                 # shared disk.
+                 "-c", "synchronous_commit=off", "-c", "shared_buffers=32MB"],
+                "", probe=self._postgres_ready, start_timeout_s=60, user=_postgres_user())
+        if name == "redis":
+            return Service("redis", [_redis_server(), str(self._redis_conf())], "", probe=self._redis_ready,
+                           start_timeout_s=30)
         raise StackError(f"unknown service {name!r}; expected one of {', '.join(ALL_SERVICES)}")
 
     # ----- pid bookkeeping -------------------------------------------------------------------------------
@@ -249,7 +382,7 @@ class Stack:
             return None
         return pid if _proc_start_time(pid) == started else None
 
-    def _launch(self, name: str, argv: list[str], env: dict[str, str]) -> int:
+    def _launch(self, name: str, argv: list[str], env: dict[str, str], user: str | None = None) -> int:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"{name}.log", "ab")
         proc = subprocess.Popen(
@@ -260,6 +393,7 @@ class Stack:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            **_as_user(user),
         )
         log.close()
         self._pidfile(name).write_text(f"{proc.pid} {_proc_start_time(proc.pid)}")
@@ -271,19 +405,36 @@ class Stack:
         (self.run_dir / "ports.json").write_text(json.dumps(self.ports))
         say = (lambda *_: None) if quiet else (lambda msg: print(msg, flush=True))
         order = [s for s in ALL_SERVICES if s in services]
+        running = self._saved_executor().get("executor")
+        if "airflow" in order and running and running != self.executor:
+            raise StackError(f"Airflow is running with the {running} executor; `down` first to switch to "
+                             f"{self.executor}")
+        if "airflow" in order:  # remembered while Airflow runs, so `status` and a plain `up` see the same mode
+            (self.run_dir / "executor.json").write_text(json.dumps({"executor": self.executor,
+                                                                    "queues": self.queues}))
+            if self.celery:
+                order[order.index("airflow"):order.index("airflow")] = list(CELERY_BACKENDS)
+        later: list[Service] = []  # launched, health awaited last: MLflow starts while Airflow migrates its DB
         for name in order:
             svc = self._service(name)
-            if self.running_pid(name) and _healthy(svc.health_url):
+            if self.running_pid(name) and svc.healthy():
                 say(f"  {name:8s} already running  {self.url(name)}")
                 continue
             if name == "airflow":
                 self._prepare_airflow(svc.env, say)
+            elif name == "postgres":
+                self._prepare_postgres(svc.user, say)
             _check_port_free(self.ports[name], name)
-            self._launch(name, svc.argv, svc.env)
+            self._launch(name, svc.argv, svc.env, user=svc.user)
             for companion, argv in svc.companions:
                 if not self.running_pid(companion):
-                    self._launch(companion, argv, svc.env)
+                    self._launch(companion, argv, {**svc.env, **svc.companion_env.get(companion, {})})
+            if name == "mlflow" and "airflow" in order[order.index(name):]:
+                later.append(svc)
+                continue
             self._wait_healthy(svc)
+            if name == "postgres":
+                self._create_airflow_database()
             say(f"  {name:8s} up  (logs: {self.log_dir / (name + '.log')})")
             if name == "s3":
                 self._check_buckets()
@@ -291,6 +442,9 @@ class Stack:
                 (self.s3_dir / S3_MARKER).write_text("S3 data of the posttrain local stack\n")
                 if fresh and self._reset_mlflow(say) and "mlflow" not in order:
                     order.append("mlflow")  # it was running on the old S3: bring it back, on the new one
+        for svc in later:
+            self._wait_healthy(svc)
+            say(f"  {svc.name:8s} up  (logs: {self.log_dir / (svc.name + '.log')})")
         self._write_env_file()
 
     @property
@@ -317,22 +471,92 @@ class Stack:
 
     def _prepare_airflow(self, env: dict[str, str], say) -> None:
         self.airflow_home.mkdir(parents=True, exist_ok=True)
-        say("  airflow  migrating metadata DB (SQLite) ...")
+        say(f"  airflow  migrating metadata DB ({'PostgreSQL' if self.celery else 'SQLite'}) ...")
         res = subprocess.run(
             [_bin("airflow"), "db", "migrate"],
             env={**os.environ, **env}, cwd=self.state, capture_output=True, text=True,
         )
         if res.returncode != 0:
             raise StackError(f"`airflow db migrate` failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-        # The DAGs put GPU stages in pool "gpu" and sandbox-heavy ones in "sandbox": one slot each here.
-        for pool, slots, what in (("gpu", 1, "GPU stages"), ("sandbox", 1, "sandbox-heavy stages")):
-            subprocess.run([_bin("airflow"), "pools", "set", pool, str(slots), what],
-                           env={**os.environ, **env}, cwd=self.state, capture_output=True, text=True, check=True)
+        # The DAGs put GPU stages in pool "gpu" and sandbox-heavy ones in "sandbox": one slot each here. One
+        # `pools import` rather than a `pools set` each: every Airflow command costs seconds of imports.
+        pools = self.airflow_home / "pools.json"
+        pools.write_text(json.dumps({"gpu": {"slots": 1, "description": "GPU stages"},
+                                     "sandbox": {"slots": 1, "description": "sandbox-heavy stages"}}))
+        subprocess.run([_bin("airflow"), "pools", "import", str(pools)],
+                       env={**os.environ, **env}, cwd=self.state, capture_output=True, text=True, check=True)
+
+    # ----- the CeleryExecutor's PostgreSQL and Redis --------------------------------------------------------
+    def _prepare_postgres(self, user: str | None, say) -> None:
+        """initdb a cluster under `<state>/postgres/data` once (owned by `user`, password auth only)."""
+        home = self.state / "postgres"
+        data = home / "data"
+        if (data / "PG_VERSION").exists():
+            return
+        say("  postgres initialising a cluster ...")
+        home.mkdir(parents=True, exist_ok=True)
+        pwfile = home / "initdb-password"
+        pwfile.touch(mode=0o600)
+        pwfile.write_text(self._secret("postgres") + "\n")
+        if user:  # PostgreSQL runs as this user: it must own its folder and read the password
+            ids = pwd.getpwnam(user)
+            for path in (home, pwfile):
+                os.chown(path, ids.pw_uid, ids.pw_gid)
+            _check_reachable(home, ids.pw_uid)
+        try:
+            res = subprocess.run(
+                [_pg_bin("initdb"), "-D", str(data), "-U", "airflow", f"--pwfile={pwfile}",
+                 "--auth=scram-sha-256", "-E", "UTF8", "--no-locale"],
+                capture_output=True, text=True, cwd=home, **_as_user(user))
+        finally:
+            pwfile.unlink(missing_ok=True)
+        if res.returncode != 0:
+            shutil.rmtree(data, ignore_errors=True)
+            raise StackError(f"initdb failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+
+    def _pg_env(self) -> dict[str, str]:
+        return {**os.environ, "PGPASSWORD": self._secret("postgres"), "PGHOST": "127.0.0.1",
+                "PGPORT": str(self.ports["postgres"]), "PGUSER": "airflow", "PGCONNECT_TIMEOUT": "5"}
+
+    def _postgres_ready(self) -> bool:
+        res = subprocess.run([_pg_bin("pg_isready"), "-q", "-d", "postgres"], env=self._pg_env(),
+                             capture_output=True)
+        return res.returncode == 0
+
+    def _create_airflow_database(self) -> None:
+        res = subprocess.run([_pg_bin("psql"), "-d", "postgres", "-tAc",
+                              "SELECT 1 FROM pg_database WHERE datname = 'airflow'"],
+                             env=self._pg_env(), capture_output=True, text=True)
+        if res.returncode == 0 and res.stdout.strip() == "1":
+            return
+        res = subprocess.run([_pg_bin("createdb"), "airflow"], env=self._pg_env(), capture_output=True, text=True)
+        if res.returncode != 0:
+            raise StackError(f"createdb airflow failed: {res.stderr.strip()}")
+
+    def _redis_conf(self) -> Path:
+        """The broker's config: loopback only, a password, no persistence (Airflow re-queues what it loses)."""
+        home = self.state / "redis"
+        home.mkdir(parents=True, exist_ok=True)
+        conf = home / "redis.conf"
+        conf.touch(mode=0o600)
+        conf.write_text("\n".join([
+            "bind 127.0.0.1", f"port {self.ports['redis']}", f"requirepass {self._secret('redis')}",
+            f'dir "{home}"', 'save ""', "appendonly no", "daemonize no", "protected-mode yes", ""]))
+        return conf
+
+    def _redis_ready(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.ports["redis"]), timeout=2) as conn:
+                conn.sendall(b"PING\r\n")
+                answer = conn.recv(64)
+        except OSError:
+            return False
+        return answer.startswith((b"+PONG", b"-NOAUTH"))  # up, and (rightly) asking for the password
 
     def _wait_healthy(self, svc: Service) -> None:
         deadline = time.monotonic() + svc.start_timeout_s
         while time.monotonic() < deadline:
-            if _healthy(svc.health_url):
+            if svc.healthy():
                 return
             if not self.running_pid(svc.name):
                 break
@@ -362,26 +586,47 @@ class Stack:
         lines = [f"export {k}={v}" for k, v in self.client_env().items()]
         (self.state / "env").write_text("\n".join(lines) + "\n")
 
+    def workers(self) -> list[str]:
+        """The Celery workers this state folder has pid files for (whatever mode asked `down`)."""
+        return sorted(p.stem for p in self.run_dir.glob(f"{WORKER_PREFIX}*.pid"))
+
     def down(self, only: tuple[str, ...] | None = None, quiet: bool = False) -> None:
         names = []
         for name in only or ALL_SERVICES:
             names.append(name)
             if name == "airflow":
-                names += ["airflow-scheduler", "airflow-dag-processor"]
-        for name in names:
-            pid = self.running_pid(name)
-            if pid:
-                _stop_group(pid)
-                if not quiet:
-                    print(f"  {name:22s} stopped (pid {pid})", flush=True)
-            self._pidfile(name).unlink(missing_ok=True)
+                # The CeleryExecutor's workers, then its database and broker, after the rest of Airflow.
+                names += ["airflow-scheduler", "airflow-dag-processor", *self.workers(), *CELERY_BACKENDS]
+        # All at once, the groups' grace periods running side by side rather than one after the other (on a loaded
+        # machine MLflow's server alone used the whole 15 s); the database and broker once every Airflow process
+        # is gone.
+        for phase in ([n for n in names if n not in CELERY_BACKENDS], [n for n in names if n in CELERY_BACKENDS]):
+            running = {name: pid for name in phase if (pid := self.running_pid(name))}
+            # SIGINT is PostgreSQL's fast shutdown (SIGTERM would wait for every client to leave).
+            _stop_groups([(pid, signal.SIGINT if name == "postgres" else signal.SIGTERM)
+                          for name, pid in running.items()])
+            for name in phase:
+                if name in running and not quiet:
+                    print(f"  {name:22s} stopped (pid {running[name]})", flush=True)
+                self._pidfile(name).unlink(missing_ok=True)
 
     def status(self) -> dict[str, dict]:
         out = {}
-        for name in ALL_SERVICES:
+        for name in ALL_SERVICES + (CELERY_BACKENDS if self.celery else ()):
             svc = self._service(name)
-            out[name] = {"pid": self.running_pid(name), "healthy": _healthy(svc.health_url), "url": self.url(name)}
+            out[name] = {"pid": self.running_pid(name), "healthy": svc.healthy(), "url": self.url(name)}
+        for worker in self.workers() if self.celery else []:
+            pid = self.running_pid(worker)
+            out[worker] = {"pid": pid, "healthy": pid is not None, "queue": worker[len(WORKER_PREFIX):]}
         return out
+
+    def _saved_executor(self) -> dict:
+        """The executor and queues the running Airflow was started with (nothing once it is down)."""
+        try:
+            saved = json.loads((self.run_dir / "executor.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return saved if self.running_pid("airflow") else {}
 
 
 def _healthy(url: str) -> bool:
@@ -394,6 +639,55 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _pg_bin(name: str) -> str:
+    """A PostgreSQL program: Debian keeps them under /usr/lib/postgresql/<version>/bin (newest wins), off PATH."""
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
+                   key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
+    if found:
+        return str(found[-1])
+    on_path = shutil.which(name)
+    if on_path is None:
+        raise StackError(f"PostgreSQL's {name} not found (the celery executor needs it): apt-get install postgresql")
+    return on_path
+
+
+def _redis_server() -> str:
+    found = shutil.which("redis-server")
+    if found is None:
+        raise StackError("redis-server not found (the celery executor needs it): apt-get install redis-server")
+    return found
+
+
+def _postgres_user() -> str | None:
+    """Who runs PostgreSQL: the `postgres` user when we are root (it refuses root), else ourselves."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        raise StackError("running as root, and PostgreSQL refuses root: no `postgres` user to run it as "
+                         "(Debian's postgresql package creates one)") from None
+    return "postgres"
+
+
+def _as_user(user: str | None) -> dict:
+    """subprocess keyword arguments that run a child as `user` (only its own groups), or nothing."""
+    if not user:
+        return {}
+    ids = pwd.getpwnam(user)
+    return {"user": ids.pw_uid, "group": ids.pw_gid, "extra_groups": []}
+
+
+def _check_reachable(path: Path, uid: int) -> None:
+    """The `postgres` user must be able to walk down to its data folder; a private parent (0700, e.g. a pytest
+    temporary folder) stops it, with an error that does not say where."""
+    for parent in path.resolve().parents:
+        st = parent.stat()
+        if st.st_uid != uid and not st.st_mode & 0o001:
+            raise StackError(f"PostgreSQL runs as uid {uid}, which cannot enter {parent} (mode "
+                             f"{st.st_mode & 0o777:o}); use a state folder whose parents others may enter")
+
+
 def _check_port_free(port: int, name: str) -> None:
     with socket.socket() as s:
         if s.connect_ex(("127.0.0.1", port)) == 0:
@@ -403,31 +697,36 @@ def _check_port_free(port: int, name: str) -> None:
             )
 
 
-def _stop_group(pid: int, grace_s: float = 15.0) -> None:
-    try:
-        pgid = os.getpgid(pid)
-    except ProcessLookupError:
-        return
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
+def _stop_groups(targets: list[tuple[int, signal.Signals]], grace_s: float = 15.0) -> None:
+    """Signal the process group of each (leader pid, signal), wait up to `grace_s` for all of them to be gone,
+    then SIGKILL what is left."""
+    groups: dict[int, int] = {}  # pgid -> leader pid
+    for pid, sig in targets:
         try:
-            os.killpg(pgid, 0)
+            pgid = os.getpgid(pid)
+            os.killpg(pgid, sig)
         except ProcessLookupError:
-            return
-        # Reap if it happens to be our child (tests start the stack in-process).
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+            continue
+        groups[pgid] = pid
+    deadline = time.monotonic() + grace_s
+    while groups and time.monotonic() < deadline:
+        for pgid, pid in list(groups.items()):
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                del groups[pgid]
+                continue
+            # Reap if it happens to be our child (tests start the stack in-process).
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
         time.sleep(0.2)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _tail(path: Path, n: int = 30) -> str:
@@ -444,18 +743,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--services", default=",".join(ALL_SERVICES), help="comma list (default: all)")
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help="address every service listens on (default: %(default)s; 0.0.0.0 exposes the stack)")
+    parser.add_argument("--executor", choices=EXECUTORS, default=None,
+                        help="Airflow executor (default: $POSTTRAIN_EXECUTOR, else the running stack's, else local)")
+    parser.add_argument("--queues", default=None,
+                        help="celery: one worker per queue, comma list (default: gpu,cpu,sandbox as named by "
+                             "POSTTRAIN_QUEUE_GPU/_CPU/_SANDBOX)")
     for name, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--port-{name}", type=int, default=None, help=f"default {port}")
     args = parser.parse_args(argv)
     ports = {n: getattr(args, f"port_{n}") for n in DEFAULT_PORTS if getattr(args, f"port_{n}")}
-    stack = Stack(args.state_dir, ports, host=args.host)
+    queues = tuple(q.strip() for q in args.queues.split(",") if q.strip()) if args.queues else None
     services = tuple(s.strip() for s in args.services.split(",") if s.strip())
     try:
+        stack = Stack(args.state_dir, ports, host=args.host, executor=args.executor, queues=queues)
         if args.command == "up":
             stack.up(services)
             print(f"\n  MLflow UI : {stack.mlflow_url}")
             if "airflow" in services:
                 print(f"  Airflow UI: {stack.airflow_url}  (user {AIRFLOW_USER}, password {stack.airflow_password()})")
+                if stack.celery:
+                    print(f"  Executor  : CeleryExecutor, one worker per queue: {', '.join(stack.queues)} "
+                          f"(broker {stack.url('redis')}, database {stack.url('postgres')})")
             print(f"  S3 server : {stack.s3_url}  (bucket s3://posttrain)")
             print(f"  Shell env : source {stack.state / 'env'}")
         elif args.command == "down":
