@@ -24,11 +24,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.timeout(2400)]
 DAG = "post_training"
 MODEL = "posttrain-tiny"
 OVERRIDES = {
-    "taskset": {"counts": {"math": 120, "code": 60, "extraction": 60}},
+    "taskset": {"counts": {"math": 120, "code": 60, "extraction": 60, "instruction": 60}},
     "sft": {"max_steps": 8},
     "rl_round": {"steps": 1, "prompts_per_step": 4, "holdout_per_domain": 6},
     "evaluate": {"max_tasks_per_domain": 8, "n_samples": 1, "ks": [1], "long_context_tasks": 0},
-    # the holdout above has 6 code and 6 extraction tasks; 8 SFT steps pass none of them, which the floor would
+    # the holdout above has 6 tasks in each small domain; 8 SFT steps pass none of them, which the floor would
     # block: these tests check the UI path, not the model
     "gate": {"tolerance": 1, "min_samples": 5, "require_any_pass": False},
 }

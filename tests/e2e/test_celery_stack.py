@@ -29,11 +29,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 DAG = "post_training"
 OVERRIDES = {
-    "taskset": {"counts": {"math": 120, "code": 60, "extraction": 60}},
+    "taskset": {"counts": {"math": 120, "code": 60, "extraction": 60, "instruction": 60}},
     "sft": {"max_steps": 8},
     "rl_round": {"steps": 1, "prompts_per_step": 4, "holdout_per_domain": 6},
     "evaluate": {"max_tasks_per_domain": 8, "n_samples": 1, "ks": [1], "long_context_tasks": 0},
-    "gate": {"tolerance": 1, "min_samples": 5},
+    "gate": {"tolerance": 1, "min_samples": 5, "require_any_pass": False},  # an 8-step model passes nothing
 }
 GPU_TASKS = {"sft", "rl_round_1", "evaluate"}
 CPU_TASKS = {"build_taskset", "gate", "approval", "gate_verdict", "promote", "end_tracking"}

@@ -28,12 +28,12 @@ DAG = "post_training"
 # Small steps (2 prompts x 4 samples, one draw each) keep the round short; the crash lands after the first
 # checkpoint, with 4 of 6 steps still to go.
 OVERRIDES = {
-    "taskset": {"counts": {"math": 120, "code": 60, "extraction": 60}},
+    "taskset": {"counts": {"math": 120, "code": 60, "extraction": 60, "instruction": 60}},
     "sft": {"max_steps": 4},
     "rl_round": {"steps": 6, "checkpoint_every": 2, "prompts_per_step": 2, "samples_per_prompt": 4,
                  "dynamic_sampling": False, "holdout_per_domain": 3},
     "evaluate": {"max_tasks_per_domain": 8, "n_samples": 1, "ks": [1], "long_context_tasks": 0},
-    "gate": {"tolerance": 1, "min_samples": 5},
+    "gate": {"tolerance": 1, "min_samples": 5, "require_any_pass": False},  # an 8-step model passes nothing
 }
 RUN_TIMEOUT_S = 1200  # a guard for a shared machine, not the expected time
 RESUMED = re.compile(r"resumed from checkpoint step (\d+)")

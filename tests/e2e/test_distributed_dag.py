@@ -29,7 +29,7 @@ def test_tiny_dag_runs_sft_and_rl_under_torchrun_with_two_processes(airflow_db, 
     name = f"dist-{uuid.uuid4().hex[:6]}"
     run_root = f"s3://posttrain/e2e-dist/{uuid.uuid4().hex[:8]}"
     dr = dag.test(run_conf={"run_root": run_root, "rounds": 1, "stage_overrides": {
-        "taskset": {"counts": {"math": 300, "code": 40, "extraction": 40}},
+        "taskset": {"counts": {"math": 300, "code": 40, "extraction": 40, "instruction": 40}},
         "sft": {"max_steps": 12, "checkpoint_every": 6, "log_every": 6},
         "rl_round": {"steps": 2, "prompts_per_step": 8, "checkpoint_every": 1, "holdout_per_domain": 4},
         "evaluate": {"model_name": name, "max_tasks_per_domain": 8, "n_samples": 2, "ks": [1, 2]},

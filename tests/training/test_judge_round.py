@@ -19,7 +19,7 @@ def test_tiny_round_with_a_judge_reward(file_run_uri, local_mlflow, monkeypatch)
     from training.stages.sft import SFTConfig, train
     from training.storage import read_json, require_manifest
 
-    taskset = {**TINY["taskset"], "counts": {"math": 300, "code": 40, "extraction": 40},
+    taskset = {**TINY["taskset"], "counts": {"math": 300, "code": 40, "extraction": 40, "instruction": 40},
                "reward_weights": {"math": {"math": 0.5, "judge": 0.5}}}
     sft = {**TINY["sft"], "max_steps": 60, "checkpoint_every": 60}
     grpo = {**TINY["rl_round"], "steps": 3, "checkpoint_every": 3, "prompts_per_step": 8, "samples_per_prompt": 4,
