@@ -124,17 +124,18 @@ def test_sft_lora_trains_adapters_and_saves_merged(taskset_run) -> None:
     assert not any("lora" in n for n in model.state_dict())  # merged into plain GPT-2 weights
 
 
+class CharTokenizer:  # one token per character, id 0 = eos
+    eos_token_id = 0
+    chat_template = None
+
+    def __call__(self, text, **_):
+        return {"input_ids": [ord(c) for c in text]}
+
+
 def test_long_context_examples_grow_fit_and_train_on_the_answer_only() -> None:
     from training.chat import PromptFormat
     from training.stages.sft import SFTConfig, long_context_examples
     from training.tasksets.generators import generate
-
-    class CharTokenizer:  # one token per character, id 0 = eos
-        eos_token_id = 0
-        chat_template = None
-
-        def __call__(self, text, **_):
-            return {"input_ids": [ord(c) for c in text]}
 
     tasks = generate("math", 40, 0, difficulties=(1, 2))
     fmt = PromptFormat(CharTokenizer())
@@ -158,13 +159,6 @@ def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_
     from training.rewards import get_verifier
     from training.stages.sft import near_miss, repair_examples
     from training.tasksets.generators import generate
-
-    class CharTokenizer:  # one token per character, id 0 = eos
-        eos_token_id = 0
-        chat_template = None
-
-        def __call__(self, text, **_):
-            return {"input_ids": [ord(c) for c in text]}
 
     tasks = generate("code", 20, 0, difficulties=(2, 3)) + generate("math", 10, 0, difficulties=(1,))
     fmt = PromptFormat(CharTokenizer())
