@@ -5,12 +5,13 @@ short temporary folder, so it never touches a system engine, its containers or i
 `POSTTRAIN_TEST_DOCKER_HOST` names a running engine to use instead. Where dockerd cannot run,
 `EngineUnavailable` carries the reason for the skip.
 
-`base_image` makes the image stages run in here: registries are out of reach, so its root filesystem is a
-Debian bookworm `debootstrap --variant=minbase` (from the mirror apt is configured with), imported with
-`docker import`. The project, its virtualenv and the interpreter the virtualenv was made from are bind-mounted
-read-only at their host paths (`stage_volumes`), so the container runs exactly the code and packages under
-test. The root filesystem tarball is cached by the hash of its recipe, so only the first run anywhere pays for
-debootstrap; each fresh engine imports it again (seconds).
+`base_image` makes the image stages run in here: registries are out of reach, so the image is a skeleton root
+filesystem (the host's merged-/usr symlinks, mount points, and the few /etc files the dynamic loader and the
+user database need), written with `tarfile` and imported with `docker import`. The host's /usr, the project, its
+virtualenv and the interpreter the virtualenv was made from are bind-mounted read-only at their host paths
+(`stage_volumes`), so the container runs exactly the code, packages and libraries under test, isolated by the
+engine as any image would be (namespaces, cgroup limits, its own network). Building the skeleton takes well
+under a second, where a Debian `debootstrap` took minutes on every fresh CI machine.
 
 `Relay` forwards a port on a container network's gateway address to a service on the host's 127.0.0.1: the
 embedded stack listens on loopback only, which containers cannot reach; the relay is plain TCP, so the stage
@@ -19,8 +20,6 @@ talks to the real servers.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import signal
@@ -34,9 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Everything that decides the root filesystem's content: change one and the cache key changes.
-ROOTFS_RECIPE = {"suite": "bookworm", "variant": "minbase", "include": ["python3"]}
-CACHE_DIR = Path(os.environ.get("POSTTRAIN_TEST_CACHE", Path.home() / ".cache" / "posttrain" / "docker"))
 START_TIMEOUT_S = 60
 
 
@@ -118,63 +114,65 @@ class Engine:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _apt_mirror() -> str:
-    """The Debian mirror apt already uses (deb822 `URIs:` or a one-line `deb` entry)."""
-    for path in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
-        try:
-            lines = path.read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            words = line.split()
-            if path.suffix == ".sources" and words[:1] == ["URIs:"] and "security" not in words[1]:
-                return words[1]
-            if path.suffix in ("", ".list") and words[:1] == ["deb"] and "security" not in line:
-                return next(w for w in words[1:] if "://" in w)
-    return "http://deb.debian.org/debian"
+# Top-level names that merged-/usr Debian makes symlinks into /usr; copied as the host has them.
+USR_LINKS = ("bin", "lib", "lib64", "libx32", "lib32")
+# Mount points and scratch folders the skeleton holds (mode 1777 for the temporary ones).
+SKELETON_DIRS = {"usr": 0o755, "etc": 0o755, "proc": 0o555, "sys": 0o555, "dev": 0o755, "run": 0o755,
+                 "root": 0o700, "home": 0o755, "var": 0o755, "tmp": 0o1777, "var/tmp": 0o1777}
+# /etc files a Python stage needs from the host: the dynamic loader's cache (Debian's multiarch libraries are
+# found through it), and the user and group databases (getpass, pwd). Docker writes hosts and resolv.conf.
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "passwd", "group", "nsswitch.conf")
 
 
-def rootfs_key() -> str:
-    return hashlib.sha256(json.dumps(ROOTFS_RECIPE, sort_keys=True).encode()).hexdigest()[:16]
+def _skeleton_tar(out: Path) -> None:
+    """Write the skeleton root filesystem to `out` (see the module docstring)."""
+    import tarfile
 
+    def entry(name: str, kind: bytes, mode: int, linkname: str = "") -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.type, info.mode, info.linkname, info.mtime = kind, mode, linkname, int(time.time())
+        return info
 
-def rootfs_tarball() -> Path:
-    """The cached root filesystem tarball, built with debootstrap the first time (a few minutes)."""
-    tarball = CACHE_DIR / f"rootfs-{rootfs_key()}.tar"
-    if tarball.is_file():
-        return tarball
-    if shutil.which("debootstrap") is None:
-        raise EngineUnavailable("debootstrap not installed (Debian: apt-get install debootstrap)")
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=CACHE_DIR) as work:
-        rootfs = Path(work) / "rootfs"
-        r = ROOTFS_RECIPE
-        proc = subprocess.run(["debootstrap", f"--variant={r['variant']}", f"--include={','.join(r['include'])}",
-                               str(r["suite"]), str(rootfs), _apt_mirror()],
-                              capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            raise EngineUnavailable("debootstrap failed: " + " | ".join(proc.stdout.splitlines()[-3:]))
-        partial = Path(work) / "rootfs.tar"
-        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True, timeout=600)
-        partial.replace(tarball)  # atomic: a concurrent or killed build never leaves a half tarball
-    return tarball
+    with tarfile.open(out, "w") as tar:
+        for name, mode in SKELETON_DIRS.items():
+            tar.addfile(entry(name, tarfile.DIRTYPE, mode))
+        # Docker bind-mounts its init at /sbin/docker-init, which cannot land inside the read-only /usr mount:
+        # /sbin is a real folder here, holding a link to each of the host's /usr/sbin programs instead.
+        tar.addfile(entry("sbin", tarfile.DIRTYPE, 0o755))
+        for program in sorted(Path("/usr/sbin").iterdir()):
+            tar.addfile(entry(f"sbin/{program.name}", tarfile.SYMTYPE, 0o777, str(program)))
+        for name in USR_LINKS:
+            host = Path("/") / name
+            if host.is_symlink():
+                tar.addfile(entry(name, tarfile.SYMTYPE, 0o777, os.readlink(host)))
+            elif host.is_dir():
+                raise EngineUnavailable(f"/{name} is a folder, not a link into /usr: this host's /usr alone "
+                                        "cannot make the stage image")
+        for name in ETC_FILES:
+            if (Path("/etc") / name).is_file():
+                tar.add(Path("/etc") / name, arcname=f"etc/{name}")
+        conf_d = Path("/etc/ld.so.conf.d")
+        if conf_d.is_dir():
+            tar.add(conf_d, arcname="etc/ld.so.conf.d")
 
 
 def base_image(engine: Engine) -> str:
-    """The tag of the stage base image in `engine`, imported from the cached root filesystem when missing."""
-    tag = f"posttrain-test-base:{rootfs_key()}"
+    """The tag of the stage base image in `engine`, imported from a fresh skeleton when missing."""
+    tag = "posttrain-test-base:host-usr"
     if engine.docker("image", "inspect", tag, check=False).returncode != 0:
-        engine.docker("import", str(rootfs_tarball()), tag)
+        with tempfile.TemporaryDirectory() as work:
+            tarball = Path(work) / "rootfs.tar"
+            _skeleton_tar(tarball)
+            engine.docker("import", str(tarball), tag)
     return tag
 
 
 def stage_volumes(repo: Path) -> str:
-    """POSTTRAIN_DOCKER_VOLUMES binding the project, its virtualenv and the virtualenv's interpreter read-only
-    at their host paths. An interpreter under /usr is Debian's own python3, which the image has too."""
-    paths = {repo.resolve(), Path(sys.prefix).resolve()}
-    base = Path(sys.base_prefix).resolve()
-    if not str(base).startswith("/usr"):
-        paths.add(base)
+    """POSTTRAIN_DOCKER_VOLUMES binding the host's /usr, the project, its virtualenv and the virtualenv's
+    interpreter read-only at their host paths."""
+    paths = {Path("/usr"), repo.resolve(), Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    # a path under another bound path needs no mount of its own
+    paths = {p for p in paths if not any(q != p and p.is_relative_to(q) for q in paths)}
     return ",".join(f"{p}:{p}:ro" for p in sorted(paths))
 
 

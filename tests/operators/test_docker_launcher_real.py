@@ -1,7 +1,7 @@
 """Stages in real containers: the Docker launcher against a real engine (a private dockerd, tests/docker_engine.py).
 
-The stage image is Debian bookworm from debootstrap (no registry), with the project, its virtualenv and its
-interpreter bind-mounted read-only through POSTTRAIN_DOCKER_VOLUMES, exactly as a deployment mounts the model
+The stage image is a skeleton root filesystem (no registry) with the host's /usr, the project, its virtualenv
+and its interpreter bind-mounted read-only through POSTTRAIN_DOCKER_VOLUMES, exactly as a deployment mounts the model
 cache. Containers join a user-defined bridge network (POSTTRAIN_DOCKER_NETWORK) and reach the session's
 embedded stack (S3 and MLflow on the host's 127.0.0.1) at the network's gateway address through a TCP relay;
 their S3 and MLflow settings come from Airflow connections (AIRFLOW_CONN_*), as the operator builds them.
