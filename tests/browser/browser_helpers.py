@@ -8,6 +8,7 @@ leaves what it saw behind.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import urllib.request
@@ -15,6 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[2]
+# Where screenshots go (each test's under its own folder).
+SHOTS = Path(os.environ.get("POSTTRAIN_SCREENSHOTS", REPO / "build" / "browser-screenshots"))
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

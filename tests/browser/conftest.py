@@ -13,11 +13,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from browser_helpers import SHOTS
 
 from infra.local.stack import AIRFLOW_USER, Stack, free_port
-
-REPO = Path(__file__).resolve().parents[2]
-SHOTS = Path(os.environ.get("POSTTRAIN_SCREENSHOTS", REPO / "build" / "browser-screenshots"))
 
 
 def _need_browser() -> None:

@@ -1,11 +1,13 @@
 """What a person sees, in headless Chromium on the embedded stack: the `post_training` trigger form opens valid
-and submits with its defaults plus a short per-stage override; the run succeeds in the grid; the "MLflow run"
-link opens the run with its metrics; with "Require human approval", Approve under Required Actions moves the
-champion alias (approver and time become version tags) and Reject ends in `blocked`.
+and submits with its defaults, a short per-stage override, one RL round and "Require human approval" ticked;
+Approve under Required Actions moves the champion alias (approver and time become version tags); the run
+succeeds in the grid; the "MLflow run" link opens the run with its metrics and "Checkpoint" a listing. Reject
+under Required Actions ends in `blocked`, shown on a test DAG with post_training's approval and branch wiring
+(tests/dags/approval_flow.py), so the module pays for one pipeline run rather than three.
 
-The override keeps a DAG run short on 2 cores (tiny profile, few steps, a small evaluation); the gate's
-tolerance is opened wide (and the minimum evidence lowered to the small evaluation) so every run's verdict is
-"promote" and the approval is always asked.
+The override keeps the DAG run short on 2 cores (tiny profile, few steps, a small evaluation); the gate's
+tolerance is opened wide (and the minimum evidence lowered to the small evaluation) so the verdict is "promote"
+and the approval is asked.
 """
 
 from __future__ import annotations
@@ -102,25 +104,40 @@ def _task_states(browser, stack: Stack, run_id: str) -> dict[str, str]:
     return browser.wait_for(rows, 60, "the run's task list never loaded")
 
 
-def test_trigger_form_defaults_run_succeeds_and_mlflow_shows_metrics(browser, ui_stack, airflow_token) -> None:
-    started = time.monotonic()
-    run_id, conf = _trigger(browser, ui_stack, airflow_token)
-    # Submitted as it opened, plus the override: every default is in the conf.
-    assert conf["stage_overrides"] == OVERRIDES
-    assert conf["profile"] == "tiny" and conf["base_model"] is None and conf["rounds"] == 2
-    assert conf["require_approval"] is False
+def test_trigger_form_run_approved_in_the_ui_succeeds_and_mlflow_shows_it(browser, ui_stack,
+                                                                          airflow_token) -> None:
+    from mlflow import MlflowClient
 
-    assert _wait_for_run_in_grid(browser, ui_stack, run_id) == "Success"
+    started = time.monotonic()
+    before = _champion_version(ui_stack)
+    run_id, conf = _trigger(browser, ui_stack, airflow_token, rounds=1, require_approval=True)
+    # Submitted as it opened, plus the override and the two fields set: every other default is in the conf.
+    assert conf["stage_overrides"] == OVERRIDES
+    assert conf["profile"] == "tiny" and conf["base_model"] is None and conf["seed"] == 0
+    assert conf["rounds"] == 1 and conf["require_approval"] is True
+
+    _answer_required_action(browser, ui_stack, airflow_token, run_id, "Approve", dag=DAG,
+                            expect=("Gate verdict: promote", "domain", "candidate", "rl_round_1"))
+    assert _wait_for_run_in_grid(browser, ui_stack, run_id, token=airflow_token) == "Success"
     print(f"run {run_id} succeeded {time.monotonic() - started:.0f}s after the form opened")
     states = _task_states(browser, ui_stack, run_id)
     assert states["promote"] == "Success" and states["blocked"] == "Skipped", states
     # The task list shows its first page; the rounds' states come from the API that page reads.
     tis = api(ui_stack.airflow_url, airflow_token, f"dags/{DAG}/dagRuns/{quote(run_id)}/taskInstances")
     rounds = {ti["task_id"]: ti["state"] for ti in tis["task_instances"] if ti["task_id"].startswith("rl_round")}
-    assert rounds["rl_round_2"] == "success" and rounds["rl_round_3"] == "skipped", rounds
+    assert rounds["rl_round_1"] == "success" and rounds["rl_round_2"] == "skipped", rounds
     # A grid cell per task; the finished ones show the success mark.
     sft_cell = browser.find(f"//a[@data-testid='grid-{run_id}-sft']//*[@data-testid='task-state-badge']")
     assert sft_cell.is_displayed()
+
+    # Approve moved the champion alias to the new version, which records who approved it and when.
+    after = _champion_version(ui_stack)
+    assert after is not None and after != before, "the champion alias did not move"
+    version = MlflowClient(ui_stack.mlflow_url).get_model_version(MODEL, after)
+    assert version.tags["posttrain.approved_by"] == "admin" and version.tags["posttrain.approved_at"]
+    browser.driver.get(f"{ui_stack.mlflow_url}/#/models/{MODEL}")
+    browser.wait_for(lambda: "champion" in browser.text(), 60, "MLflow's model page shows no champion alias")
+    browser.shot("mlflow-champion")
 
     # The task's "MLflow run" link (under Details, Extra Links) opens the stage's MLflow run, with its metrics,
     # its dataset and its system metrics, in MLflow's model-training view.
@@ -157,18 +174,19 @@ def _champion_version(stack: Stack) -> str | None:
         return None
 
 
-def _answer_required_action(browser, stack: Stack, token: str, run_id: str, choice: str) -> None:
-    """Once the approval waits for input, open it under Required Actions, check it shows the verdict and the
-    table, and click `choice`.
+def _answer_required_action(browser, stack: Stack, token: str, run_id: str, choice: str, *, dag: str,
+                            expect: tuple[str, ...]) -> None:
+    """Once the approval of `dag`'s run waits for input, open it under Required Actions, check it shows each of
+    `expect` (the verdict and the table), and click `choice`.
 
     The page is opened only then, as a person opens it from the run: before the task asks, the UI has no
     Required Action tab and sends that address to the task's logs, where reloading would never bring it back.
     """
-    path = f"dags/{DAG}/dagRuns/{quote(run_id)}/taskInstances/approval"
+    path = f"dags/{dag}/dagRuns/{quote(run_id)}/taskInstances/approval"
     browser.driver.get("about:blank")  # nothing to see until then; the UI's polling would take CPU from the run
     browser.wait_for(lambda: api(stack.airflow_url, token, path)["state"] == "awaiting_input", RUN_TIMEOUT_S,
                      "the approval task never asked for input", every_s=5)
-    url = f"{stack.airflow_url}/dags/{DAG}/runs/{run_id}/tasks/approval/required_actions"
+    url = f"{stack.airflow_url}/dags/{dag}/runs/{run_id}/tasks/approval/required_actions"
 
     def button():
         if not browser.driver.current_url.endswith("/required_actions"):
@@ -178,7 +196,7 @@ def _answer_required_action(browser, stack: Stack, token: str, run_id: str, choi
     browser.driver.get(url)
     found = browser.wait_for(button, 120, "the approval's buttons never showed under Required Actions")
     page = browser.text()
-    assert "Gate verdict: promote" in page and "domain" in page and "candidate" in page, page
+    assert all(text in page for text in expect), page
     browser.shot("required-action")
     found.click()
     browser.wait_for(lambda: api(stack.airflow_url, token, path)["state"] != "awaiting_input", 120,
@@ -186,28 +204,24 @@ def _answer_required_action(browser, stack: Stack, token: str, run_id: str, choi
     browser.shot(f"after-{choice}")
 
 
-@pytest.mark.parametrize("choice", ["Approve", "Reject"])
-def test_approval_in_the_ui(browser, ui_stack, airflow_token, choice) -> None:
-    from mlflow import MlflowClient
-
-    before = _champion_version(ui_stack)
-    run_id, conf = _trigger(browser, ui_stack, airflow_token, rounds=1, require_approval=True)
-    assert conf["require_approval"] is True and conf["rounds"] == 1
-    _answer_required_action(browser, ui_stack, airflow_token, run_id, choice)
-    assert _wait_for_run_in_grid(browser, ui_stack, run_id, token=airflow_token) == "Success"
-    states = _task_states(browser, ui_stack, run_id)
-    after = _champion_version(ui_stack)
-    if choice == "Approve":
-        assert states["promote"] == "Success" and states["blocked"] == "Skipped", states
-        assert after is not None and after != before, "the champion alias did not move"
-        version = MlflowClient(ui_stack.mlflow_url).get_model_version(MODEL, after)
-        assert version.tags["posttrain.approved_by"] == "admin" and version.tags["posttrain.approved_at"]
-        browser.driver.get(f"{ui_stack.mlflow_url}/#/models/{MODEL}")
-        browser.wait_for(lambda: "champion" in browser.text(), 60, "MLflow's model page shows no champion alias")
-        browser.shot("mlflow-champion")
-    else:
-        assert states["blocked"] == "Success" and states["promote"] == "Skipped", states
-        assert after == before, "a rejected candidate moved the alias"
+def test_reject_in_the_ui_sends_the_run_to_blocked(browser, ui_stack, airflow_token) -> None:
+    """Reject under Required Actions, on post_training's approval and branch wiring after a planted "promote"."""
+    dag = "test_approval_flow"
+    wait_for_dag(ui_stack.airflow_url, airflow_token, dag)
+    api(ui_stack.airflow_url, airflow_token, f"dags/{dag}", "PATCH", {"is_paused": False})
+    run_id = api(ui_stack.airflow_url, airflow_token, f"dags/{dag}/dagRuns", "POST",
+                 {"logical_date": None})["dag_run_id"]
+    _answer_required_action(browser, ui_stack, airflow_token, run_id, "Reject", dag=dag,
+                            expect=("Gate verdict: promote", "planted for the approval test", "domain", "candidate"))
+    path = f"dags/{dag}/dagRuns/{quote(run_id)}"
+    browser.wait_for(lambda: api(ui_stack.airflow_url, airflow_token, path)["state"] in ("success", "failed"), 300,
+                     "the rejected run never ended", every_s=2)
+    tis = api(ui_stack.airflow_url, airflow_token, f"{path}/taskInstances")
+    states = {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
+    assert states["blocked"] == "success" and states["promote"] == "skipped", states
+    raw = api(ui_stack.airflow_url, airflow_token, f"{path}/taskInstances/approval/xcomEntries/return_value")
+    answer = json.loads(raw["value"]) if isinstance(raw["value"], str) else raw["value"]
+    assert answer["asked"] is True and answer["approved"] is False and answer["by"] == "admin", answer
 
 
 def test_unanswered_approval_times_out_as_a_reject(ui_stack, airflow_token) -> None:
