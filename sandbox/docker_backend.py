@@ -20,6 +20,7 @@ from pathlib import Path
 from sandbox.spec import IsolationLevel, Job, Verdict
 from sandbox.verdict import error_verdict, make_verdict
 
+USER_ID = 65534  # nobody: the job runs unprivileged inside the container too
 _MODULES = ("isolation", "values", "harness", "supervisor")  # dependency order
 # Runs as the container's entry point: rebuild the sandbox modules from stdin, then supervise the job.
 BOOT = (
@@ -38,14 +39,21 @@ class DockerBackend:
     """run(job) / run_batch(jobs, concurrency) like the Pool, one container per job.
 
     image: any image with python3 (default python:3.11-slim). startup_grace_s: time allowed on top of the
-    job's wall budget for pulling/starting the container before the host kills it.
+    job's wall budget for pulling/starting the container before the host kills it. volumes: extra bind mounts
+    ("host:container[:ro]"), e.g. a host's interpreter for an image without one; they must be read-only (":ro"),
+    since the job must not write outside its tmpfs work dir.
     """
 
     isolation = IsolationLevel.DOCKER
 
     def __init__(self, image: str = "python:3.11-slim", *, docker: str = "docker", python: str = "python3",
-                 startup_grace_s: float = 30.0, tmpfs_mb: int = 64, cpus: float = 1.0) -> None:
+                 startup_grace_s: float = 30.0, tmpfs_mb: int = 64, cpus: float = 1.0,
+                 volumes: Sequence[str] = ()) -> None:
+        writable = [v for v in volumes if not v.endswith(":ro")]
+        if writable:
+            raise ValueError(f"sandbox volumes must be read-only (end with ':ro'): {writable}")
         self.image, self.docker, self.python = image, docker, python
+        self.volumes = tuple(volumes)
         self.startup_grace_s, self.tmpfs_mb, self.cpus = startup_grace_s, tmpfs_mb, cpus
         self._sources = {name: (Path(__file__).parent / f"{name}.py").read_text() for name in _MODULES}
 
@@ -67,9 +75,12 @@ class DockerBackend:
             "--memory", f"{memory}m", "--memory-swap", f"{memory}m",
             "--pids-limit", str(limits.max_procs + 8),
             "--cpus", str(self.cpus),
-            "--user", "65534:65534", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-            "--tmpfs", f"/work:rw,nosuid,nodev,size={self.tmpfs_mb}m,mode=1777",
+            "--user", f"{USER_ID}:{USER_ID}", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            # Owned by the job's user: with --workdir on a tmpfs, Docker resets the mount's mode to 0755 (seen
+            # on 20.10), which left user 65534 unable to create its job folder under a root-owned /work.
+            "--tmpfs", f"/work:rw,nosuid,nodev,size={self.tmpfs_mb}m,uid={USER_ID},gid={USER_ID},mode=0700",
             "--tmpfs", "/tmp:rw,nosuid,nodev,size=16m,mode=1777",
+            *[arg for volume in self.volumes for arg in ("--volume", volume)],
             "--workdir", "/work", "--env", "HOME=/work",
             "--entrypoint", self.python, self.image, "-I", "-S", "-c", BOOT,
         ]

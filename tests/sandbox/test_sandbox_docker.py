@@ -1,5 +1,7 @@
 """The Docker backend. The container entry point is exercised without an engine (the same boot code run by
-a local interpreter); real containers only where `docker info` works."""
+a local interpreter), then in real containers on the test session's private Docker engine (tests/docker_engine.py):
+its registry-free image has no interpreter of its own, so the host's /usr is mounted read-only and the job runs
+Debian's /usr/bin/python3."""
 
 from __future__ import annotations
 
@@ -16,13 +18,19 @@ JOB = Job("def add(a, b):\n    print('hi')\n    return a + b\n", [TestCase("add(
 
 
 def test_command_has_the_isolation_flags():
-    cmd = DockerBackend(image="python:3.11-slim").command("c1", JOB)
+    cmd = DockerBackend(image="python:3.11-slim", volumes=["/opt/py:/opt/py:ro"]).command("c1", JOB)
     joined = " ".join(cmd)
     for flag in ("--network none", "--read-only", "--memory 256m", "--memory-swap 256m", "--pids-limit 24",
                  "--cap-drop ALL", "--security-opt no-new-privileges", "--user 65534:65534", "--rm", "-i"):
         assert flag in joined, flag
     assert any(a.startswith("/work:rw,nosuid,nodev,size=") for a in cmd)
     assert cmd[cmd.index("--entrypoint") + 1:cmd.index("--entrypoint") + 3] == ["python3", "python:3.11-slim"]
+    assert cmd[cmd.index("--volume") + 1] == "/opt/py:/opt/py:ro"
+
+
+def test_writable_volumes_are_refused():
+    with pytest.raises(ValueError, match="read-only"):
+        DockerBackend(volumes=["/tmp:/host-tmp"])
 
 
 def test_payload_carries_calls_but_never_expected_values():
@@ -50,11 +58,15 @@ def test_garbage_from_the_container_is_an_error():
 
 
 @pytest.fixture(scope="module")
-def docker_backend():
-    backend = DockerBackend()
-    if not backend.available():
-        pytest.skip("no reachable Docker engine (`docker info` fails)")
-    return backend
+def docker_backend(docker_engine):
+    from tests.docker_engine import base_image
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DOCKER_HOST", docker_engine.host)  # the docker CLI the backend runs talks to this engine
+        backend = DockerBackend(image=base_image(docker_engine), python="/usr/bin/python3",
+                                volumes=["/usr:/usr:ro"], startup_grace_s=60)
+        assert backend.available(), "`docker info` fails against the test engine"
+        yield backend
 
 
 @pytest.mark.docker
