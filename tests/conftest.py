@@ -46,17 +46,10 @@ os.environ.update({
 
 @pytest.fixture(scope="session")
 def local_stack(tmp_path_factory: pytest.TempPathFactory):
-    state = tmp_path_factory.mktemp("stack")
-    stack = Stack(state, ports={"s3": free_port(), "mlflow": free_port(), "airflow": free_port()})
-    saved = dict(os.environ)
-    try:
-        stack.up(("s3", "mlflow"), quiet=True)
-        os.environ.update(stack.client_env())
+    from tests.stack_runs import running_stack
+
+    with running_stack(tmp_path_factory.mktemp("stack"), services=("s3", "mlflow")) as stack:
         yield stack
-    finally:
-        stack.down(quiet=True)
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 @pytest.fixture

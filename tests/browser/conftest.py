@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from browser_helpers import SHOTS
 
-from infra.local.stack import AIRFLOW_USER, Stack, free_port
+from infra.local.stack import AIRFLOW_USER, Stack
 
 
 def _need_browser() -> None:
@@ -35,27 +35,27 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope="module")
 def ui_stack(tmp_path_factory: pytest.TempPathFactory):
+    from tests.stack_runs import running_stack
+
     _need_browser()
     reuse = os.environ.get("POSTTRAIN_UI_STACK")
-    saved = dict(os.environ)
     if reuse:
+        saved = dict(os.environ)
         stack = Stack(Path(reuse))
-    else:
-        # The DAG files do not change during the tests: parse them once, not every 30 s (each parse is a
-        # process that imports the DAGs, CPU the runs need on 2 cores).
-        os.environ["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"] = "600"
-        stack = Stack(tmp_path_factory.mktemp("ui-stack"),
-                      ports={"s3": free_port(), "mlflow": free_port(), "airflow": free_port()})
-        stack.up(quiet=True)
-    try:
-        os.environ.update(stack.client_env())
+        try:
+            os.environ.update(stack.client_env())
+            _wait_for_dag(stack, "post_training")
+            yield stack
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        return
+    # The DAG files do not change during the tests: parse them once, not every 30 s (each parse is a process
+    # that imports the DAGs, CPU the runs need on 2 cores).
+    with running_stack(tmp_path_factory.mktemp("ui-stack"),
+                       env={"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}) as stack:
         _wait_for_dag(stack, "post_training")
         yield stack
-    finally:
-        if not reuse:
-            stack.down(quiet=True)
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def _wait_for_dag(stack: Stack, dag_id: str) -> None:

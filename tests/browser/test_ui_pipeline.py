@@ -20,20 +20,13 @@ import pytest
 from browser_helpers import api, newest_run, wait_for_dag
 
 from infra.local.stack import Stack
+from tests.stack_runs import SHORT_RUN
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.timeout(2400)]
 
 DAG = "post_training"
 MODEL = "posttrain-tiny"
-OVERRIDES = {
-    "taskset": {"counts": {"math": 120, "code": 60, "extraction": 60, "instruction": 60}},
-    "sft": {"max_steps": 8},
-    "rl_round": {"steps": 1, "prompts_per_step": 4, "holdout_per_domain": 6},
-    "evaluate": {"max_tasks_per_domain": 8, "n_samples": 1, "ks": [1], "long_context_tasks": 0},
-    # the holdout above has 6 tasks in each small domain; 8 SFT steps pass none of them, which the floor would
-    # block: these tests check the UI path, not the model
-    "gate": {"tolerance": 1, "min_samples": 5, "require_any_pass": False},
-}
+OVERRIDES = SHORT_RUN
 # A guard, not the expected time: a run takes a few minutes on an idle 2-core machine, far longer when shared.
 RUN_TIMEOUT_S = 1500
 

@@ -20,7 +20,8 @@ from urllib.parse import quote
 
 import pytest
 
-from infra.local.stack import AIRFLOW_USER, Stack, StackError, free_port, worker_name
+from infra.local.stack import AIRFLOW_USER, StackError, worker_name
+from tests.stack_runs import SHORT_RUN, running_stack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "browser"))  # the REST helpers the UI tests use
 from browser_helpers import airflow_token, api, wait_for_dag  # noqa: E402
@@ -28,13 +29,7 @@ from browser_helpers import airflow_token, api, wait_for_dag  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 DAG = "post_training"
-OVERRIDES = {
-    "taskset": {"counts": {"math": 120, "code": 60, "extraction": 60, "instruction": 60}},
-    "sft": {"max_steps": 8},
-    "rl_round": {"steps": 1, "prompts_per_step": 4, "holdout_per_domain": 6},
-    "evaluate": {"max_tasks_per_domain": 8, "n_samples": 1, "ks": [1], "long_context_tasks": 0},
-    "gate": {"tolerance": 1, "min_samples": 5, "require_any_pass": False},  # an 8-step model passes nothing
-}
+OVERRIDES = SHORT_RUN
 GPU_TASKS = {"sft", "rl_round_1", "evaluate"}
 CPU_TASKS = {"build_taskset", "gate", "approval", "gate_verdict", "promote", "end_tracking"}
 # A guard, not the expected time: a shared 2-core machine under load took 576 s where a quiet one takes a fraction.
@@ -59,22 +54,17 @@ def celery_stack():
     # when the tests run as root, so it must be able to enter the state folder (/tmp is world-enterable).
     state = Path(tempfile.mkdtemp(prefix="posttrain-celery-stack-", dir="/tmp" if os.geteuid() == 0 else None))
     state.chmod(0o711)
-    saved = dict(os.environ)
-    # The DAG files do not change during the test: parse them once, not every 30 s.
-    os.environ["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"] = "600"
-    stack = Stack(state, ports={name: free_port() for name in ("s3", "mlflow", "airflow", "postgres", "redis")},
-                  executor="celery", queues=("cpu", "gpu"))
     started = time.monotonic()
     try:
-        stack.up(quiet=True)
-        token = airflow_token(stack.airflow_url, AIRFLOW_USER, stack.airflow_password() or "")
-        wait_for_dag(stack.airflow_url, token, DAG)
-        print(f"celery stack up and {DAG} parsed in {time.monotonic() - started:.0f}s")
-        yield stack, token
+        # The DAG files do not change during the test: parse them once, not every 30 s.
+        with running_stack(state, env={"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"},
+                           ports=("s3", "mlflow", "airflow", "postgres", "redis"), executor="celery",
+                           queues=("cpu", "gpu")) as stack:
+            token = airflow_token(stack.airflow_url, AIRFLOW_USER, stack.airflow_password() or "")
+            wait_for_dag(stack.airflow_url, token, DAG)
+            print(f"celery stack up and {DAG} parsed in {time.monotonic() - started:.0f}s")
+            yield stack, token
     finally:
-        stack.down(quiet=True)
-        os.environ.clear()
-        os.environ.update(saved)
         shutil.rmtree(state, ignore_errors=True)
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from infra.local.demo import Airflow, wait_for_dag
-from infra.local.stack import Stack, free_port
+from infra.local.stack import Stack
+from tests.stack_runs import running_stack, short_run
 from training import lease, storage
 
 pytestmark = pytest.mark.slow
@@ -27,36 +28,21 @@ DAG = "post_training"
 # The browser tests' tiny run, with one round long enough that a checkpoint exists well before its end.
 # Small steps (2 prompts x 4 samples, one draw each) keep the round short; the crash lands after the first
 # checkpoint, with 4 of 6 steps still to go.
-OVERRIDES = {
-    "taskset": {"counts": {"math": 120, "code": 60, "extraction": 60, "instruction": 60}},
-    "sft": {"max_steps": 4},
-    "rl_round": {"steps": 6, "checkpoint_every": 2, "prompts_per_step": 2, "samples_per_prompt": 4,
-                 "dynamic_sampling": False, "holdout_per_domain": 3},
-    "evaluate": {"max_tasks_per_domain": 8, "n_samples": 1, "ks": [1], "long_context_tasks": 0},
-    "gate": {"tolerance": 1, "min_samples": 5, "require_any_pass": False},  # an 8-step model passes nothing
-}
+OVERRIDES = short_run(sft={"max_steps": 4},
+                      rl_round={"steps": 6, "checkpoint_every": 2, "prompts_per_step": 2, "samples_per_prompt": 4,
+                                "dynamic_sampling": False, "holdout_per_domain": 3})
 RUN_TIMEOUT_S = 1200  # a guard for a shared machine, not the expected time
 RESUMED = re.compile(r"resumed from checkpoint step (\d+)")
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
-    saved = dict(os.environ)
     # The production retry delay and lease TTL (tests/conftest.py shortens them for the other tests): the figure
     # printed below is what a real crash costs. The DAG files do not change: parse them once, not every 30 s.
-    os.environ.pop("POSTTRAIN_RETRY_DELAY_S", None)
-    os.environ.pop("POSTTRAIN_LEASE_TTL_S", None)
-    os.environ["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"] = "600"
-    st = Stack(tmp_path_factory.mktemp("crash-stack"),
-               ports={"s3": free_port(), "mlflow": free_port(), "airflow": free_port()})
-    try:
-        st.up(quiet=True)
-        os.environ.update(st.client_env())
+    env = {"POSTTRAIN_RETRY_DELAY_S": None, "POSTTRAIN_LEASE_TTL_S": None,
+           "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}
+    with running_stack(tmp_path_factory.mktemp("crash-stack"), env=env) as st:
         yield st
-    finally:
-        st.down(quiet=True)
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def _children(pid: int) -> list[int]:
