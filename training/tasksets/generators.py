@@ -9,7 +9,8 @@ references under 42, one surface form per template. Difficulty 1 is learnable by
     1: one-digit a+b   2: two-digit ± one-digit (and one-digit + two-digit)   3: two-digit ± two-digit, one-digit a*b
     4: three-digit ± three-digit, two-digit * one-digit   5: two steps ((a+b)*c, a*b-c, ...), two-digit products
 - code (verifier "code"): `Write f(x) returning x plus 3.` -> reference `def f(x): return x+3`, 4 tests
-    ({"call": "f(2)", "expected": 5}). No program prefix: the completion is the whole program.
+    ({"call": "f(2)", "expected": 5}), the first 2 also in metadata["visible_tests"] (what a repair episode runs
+    and shows). No program prefix: the completion is the whole program.
     1: x op k   2: x*k1+k2, (x+k1)*k2   3: string ops   4: list ops   5: two arguments, conditionals, % and //
 - extraction (verifier "json_rules"): `Extract name and age as JSON: Bob is 31.` ->
     `{"name":"Bob","age":31}` (compact JSON; any formatting verifies), metadata {"schema": ...} (a closed
@@ -40,6 +41,7 @@ from training.tasksets.schema import MAX_DIFFICULTY, MIN_DIFFICULTY, Task
 
 DOMAIN_VERIFIER = {"math": "math", "code": "code", "extraction": "json_rules", "instruction": "ifeval"}
 _RETRIES = 8
+VISIBLE_CODE_TESTS = 2  # of a generated code task's 4 tests, the ones shown in an episode (metadata.visible_tests)
 
 
 # ----- math ---------------------------------------------------------------------------------------------------
@@ -173,7 +175,9 @@ def _code_task(rng: random.Random, level: int) -> tuple[str, Callable[[], dict[s
         fn = make(*(params[n] for n in names))
         tests = [{"call": f"f({', '.join(repr(a) for a in arg)})", "expected": fn(*arg)}
                  for arg in _code_args(rng, kind)]
-        return {"prompt": prompt, "reference": f"def f({var}): return {body_t.format(**fill)}", "tests": tests}
+        # the first two are visible (an environment runs them and shows the result); all four are hidden
+        return {"prompt": prompt, "reference": f"def f({var}): return {body_t.format(**fill)}", "tests": tests,
+                "metadata": {"visible_tests": tests[:VISIBLE_CODE_TESTS]}}
 
     return prompt, finish
 
