@@ -27,6 +27,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from training.chat import PromptFormat
+from training.environments.code_repair import repair_reply  # noqa: F401 - SFT's repair examples import it here
 from training.evaluation.metrics import mean_pass_at_k
 from training.tasksets.schema import Task
 
@@ -52,12 +53,6 @@ def by_domain(tasks: list[Task]) -> dict[str, list[int]]:
 def _greedy(engine: Any, prompts: list[list[int]], cfg: EvalConfig) -> list[str]:
     outs = engine.generate(prompts, 1, cfg.max_new_tokens, temperature=0.0, seed=cfg.seed)
     return [o[0].text for o in outs]
-
-
-def repair_reply(error: str) -> str:
-    """The user turn that shows a failed program's error and asks for the fix."""
-    error = " ".join(error.strip().splitlines()[-2:])[:160] or "wrong result"
-    return f"# error: {error}\n# fixed:"
 
 
 def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: list[bool],
