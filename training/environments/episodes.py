@@ -116,7 +116,9 @@ def run_episodes(engine: Any, fmt: PromptFormat, tasks: Sequence[Task],
             if st.done or st.observation is None:
                 ep.done, ep.ended_by = True, "environment"
                 continue
-            ids = fmt.reply_ids(st.observation, stopped=ep.finish_reason == "stop")
+            # whether the answer's own tokens end with a stop id (an engine may report "stop" without
+            # returning the stop token): if not, the reply's tokens close the assistant turn first
+            ids = fmt.reply_ids(st.observation, stopped=bool(ep.token_ids) and ep.token_ids[-1] in fmt.stop_ids)
             if max_context is not None and len(ep.context()) + len(ids) + max_new_tokens > max_context:
                 ep.done, ep.ended_by = True, "context"
                 continue

@@ -11,7 +11,9 @@ references under 42, one surface form per template. Difficulty 1 is learnable by
 - code (verifier "code"): `Write f(x) returning x plus 3.` -> reference `def f(x): return x+3`, 4 tests
     ({"call": "f(2)", "expected": 5}), the first 2 also in metadata["visible_tests"] (what a repair episode runs
     and shows). No program prefix: the completion is the whole program.
-    1: x op k   2: x*k1+k2, (x+k1)*k2   3: string ops   4: list ops   5: two arguments, conditionals, % and //
+    1: x op k   2: x*k1+k2, (x+k1)*k2   3: string ops   4: list ops   5: two arguments, conditionals, % and //,
+    and prompts with two readings that only the tests settle ("x shifted by 7": plus or minus), so a first attempt
+    fails about half the time and the visible test's failure ("f(2): expected 9, got -5") tells the fix
 - extraction (verifier "json_rules"): `Extract name and age as JSON: Bob is 31.` ->
     `{"name":"Bob","age":31}` (compact JSON; any formatting verifies), metadata {"schema": ...} (a closed
     object with typed fields).
@@ -144,6 +146,21 @@ _CODE: dict[int, list[_Tpl]] = {
         ("{v} mod {k2}", "{v}%{k2}", lambda k2: lambda x: x % k2, "int"),
         ("{v} floor-divided by {k2}", "{v}//{k2}", lambda k2: lambda x: x // k2, "int"),
         ("abs of {v} minus {k}", "abs({v}-{k})", lambda k: lambda x: abs(x - k), "int"),
+        # Specified only by their tests: each prompt has two readings, the task's hidden choice is one of them
+        # (a first attempt is right about half the time), and a failed visible test names what was expected,
+        # which tells which reading it is. Repair is learnable here; a first attempt cannot do better.
+        ("{v} shifted by {k}", "{v}+{k}", lambda k: lambda x: x + k, "int"),
+        ("{v} shifted by {k}", "{v}-{k}", lambda k: lambda x: x - k, "int"),
+        ("{v} scaled by {k2}", "{v}*{k2}", lambda k2: lambda x: x * k2, "int"),
+        ("{v} scaled by {k2}", "{v}//{k2}", lambda k2: lambda x: x // k2, "int"),
+        ("{v} with '{C}' attached", "{v}+'{C}'", lambda C: lambda s: s + C, "str"),
+        ("{v} with '{C}' attached", "'{C}'+{v}", lambda C: lambda s: C + s, "str"),
+        ("{v} cut by {k2}", "{v}[{k2}:]", lambda k2: lambda s: s[k2:], "str"),
+        ("{v} cut by {k2}", "{v}[:-{k2}]", lambda k2: lambda s: s[:-k2], "str"),
+        ("{v} in one case", "{v}.upper()", lambda: lambda s: s.upper(), "str"),
+        ("{v} in one case", "{v}.lower()", lambda: lambda s: s.lower(), "str"),
+        ("{v} ordered", "sorted({v})", lambda: lambda xs: sorted(xs), "list"),
+        ("{v} ordered", "sorted({v},reverse=True)", lambda: lambda xs: sorted(xs, reverse=True), "list"),
     ],
 }
 _VARS = {"int": ("x", "n", "a", "y", "k", "m"), "str": ("s", "t", "w", "u", "z"),
