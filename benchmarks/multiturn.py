@@ -67,7 +67,10 @@ def measure(run: str, stage_name: str, holdout: list, max_new_tokens: int) -> di
             "total": total}
 
 
-def run_seed(seed: int, overrides: dict[str, dict], root: Path) -> dict[str, dict[str, float]]:
+def run_seed(seed: int, overrides: dict[str, dict], root: Path,
+             own_tracking: bool = True) -> dict[str, dict[str, float]]:
+    """The three models' figures for one seed, runs under `root`; `own_tracking`: a SQLite MLflow store there
+    (a test passes False and brings its own)."""
     from training import stage, storage
     from training.config import from_dict
     from training.stages.build_taskset import TasksetConfig, body as taskset_body
@@ -75,7 +78,8 @@ def run_seed(seed: int, overrides: dict[str, dict], root: Path) -> dict[str, dic
     from training.stages.sft import SFTConfig, train
     from training.tasksets.io import load_tasks
 
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / f'mlflow-{seed}.db'}"
+    if own_tracking:
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / f'mlflow-{seed}.db'}"
     cfg = configs(seed, overrides)
     base = root / f"run-{seed}-single"
     with contextlib.redirect_stdout(io.StringIO()):  # the stages' POSTTRAIN_RESULT lines
