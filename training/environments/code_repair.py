@@ -15,6 +15,14 @@ from training.environments.base import Step, register_environment
 from training.tasksets.schema import Task, visible_tests
 
 
+def failure_text(detail: str) -> str:
+    """The part of a sandbox verdict's detail the model needs: the first failing test, naming what was expected
+    ("f(2): expected 5, got -1"), without the tally in front. Short, because every reply token is context a
+    small model's next turn must still fit in."""
+    marker = "first failure: "
+    return detail.split(marker, 1)[1] if marker in detail else detail
+
+
 def repair_reply(error: str) -> str:
     """The user turn that shows a failed program's error and asks for the fix (also SFT's repair examples)."""
     error = " ".join(error.strip().splitlines()[-2:])[:160] or "wrong result"
@@ -67,7 +75,7 @@ class CodeRepairEnv:
             for i, verdict in zip(rows, run(jobs)):
                 passed = verdict.status.value == "passed"
                 detail = verdict.detail or verdict.stderr or verdict.status.value
-                out[i] = Step(None if passed else repair_reply(detail), passed,
+                out[i] = Step(None if passed else repair_reply(failure_text(detail)), passed,
                               {"status": verdict.status.value, "visible_passed": passed, "detail": detail,
                                "verdict": verdict})
         return [s for s in out if s is not None]
