@@ -16,6 +16,10 @@ Measured (seed 0, 40 RL steps, 2 CPU cores shared with other jobs: 1599 s): firs
 60 code holdout tasks, SFT 0.800/0.800, single-turn 0.850/0.850, multi-turn 0.850/0.850: the goal is not met.
 The SFT model answers a repair turn with text that does not parse (it never saw one), and ~5% of episodes reach
 a second turn (first attempts pass the visible tests 94% of the time), too little signal in 40 steps.
+With `--set sft.repair_share=0.3` (SFT sees repair turns; its second answers then parse): 40 steps 0.850/0.850,
+0.883/0.883, 0.833/0.833 (213 s); 150 steps 0.850/0.850, 0.833/0.833, 0.867/0.867 (878 s). Sampled training
+episodes do repair (e.g. "n-46" -> "n+46" after "f(3): expected 49, got -43"), but no greedy holdout answer is
+repaired in turn 2 by any of these models yet.
 """
 
 from __future__ import annotations
