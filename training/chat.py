@@ -118,6 +118,42 @@ class PromptFormat:
         text = task.prompt + "".join(f"{answer}\n{reply}\n" for answer, reply in turns)
         return _as_ids(self.tokenizer(text))
 
+    # ----- multi-turn episodes (training/environments) ----------------------------------------------------
+    def episode_ids(self, task: Task, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The first prompt of an episode: an environment's opening `messages` (reset) rendered as `prompt_ids`
+        renders a task: the system prompt, and the domain's instruction after the first user message. For
+        `[{"role": "user", "content": task.prompt}]` this is exactly `prompt_ids(task)`."""
+        first, rest = messages[0]["content"], list(messages[1:])
+        if not self.uses_template:
+            return _as_ids(self.tokenizer(first + "".join(m["content"] for m in rest)))
+        opening = self.messages(Task(task.id, task.domain, first, task.verifier))
+        return self.render(opening + rest)
+
+    def reply_ids(self, reply: str, stopped: bool) -> list[int]:
+        """The tokens between a model's answer and its next one: the end of the assistant turn (unless the
+        answer already ended with its stop token, `stopped`), the environment's `reply` as a user turn, and the
+        next assistant generation prompt. Appended to the token ids the model saw and wrote, so a later turn's
+        prompt extends the earlier one token for token (nothing re-tokenised: the trainer sees exactly what
+        the engine saw, and vLLM's prefix cache reuses every earlier turn)."""
+        if not self.uses_template:
+            return _as_ids(self.tokenizer(f"\n{reply}\n", add_special_tokens=False))
+        answer = "zq7answer"
+        before = [{"role": "user", "content": "zq7task"}, {"role": "assistant", "content": answer}]
+        closed = str(self.tokenizer.apply_chat_template(before, tokenize=False))
+        full = str(self.tokenizer.apply_chat_template(before + [{"role": "user", "content": reply}],
+                                                      add_generation_prompt=True, tokenize=False))
+        if not full.startswith(closed):
+            raise ValueError("reply_ids: the chat template rewrites earlier turns when a turn is added; "
+                             "multi-turn episodes need a template that only appends")
+        after_answer = closed.split(answer)[-1]  # what the template writes after an answer: end-of-turn, "\n"
+        if stopped:
+            for stop in self.stop_ids:  # the model's own stop token already closes the turn
+                text = self.tokenizer.decode([stop])
+                if text and after_answer.startswith(text):
+                    after_answer = after_answer[len(text):]
+                    break
+        return _as_ids(self.tokenizer(after_answer + full[len(closed):], add_special_tokens=False))
+
     def _conversation(self, task: Task, prefix: str, turns: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
         messages = self.messages(task, prefix)
         for answer, reply in turns:

@@ -69,13 +69,23 @@ def build_batch(tokenizer: Any, prompts: Sequence[Prompt], completions: list[Com
     comp, cmask = _right_padded([c.token_ids for c in completions], pad)  # (N, L) x2
     return RolloutBatch(
         input_ids=torch.cat([p_ids, comp], dim=1).to(device),  # (N, P+L)
-        attention_mask=torch.cat([p_attn, cmask], dim=1).to(device),  # (N, P+L)
-        completion_mask=cmask.to(device),  # (N, L)
+        attention_mask=torch.cat([p_attn, cmask], dim=1).to(device),  # (N, P+L) environment tokens attended
+        completion_mask=(cmask * model_masks(completions, cmask.shape[1])).to(device),  # (N, L) model's only
         prompt_len=p_ids.shape[1],
         advantages=advantages.to(device),  # (N,)
         group_size=group_size,
         engine_logprobs=engine_logprobs(completions, comp.shape[1]).to(device),  # (N, L)
     )
+
+
+def model_masks(completions: Sequence[Completion], length: int) -> torch.Tensor:
+    """(N, L) 1 where the model generated the token, 0 on an episode's environment tokens (and padding is
+    masked by the caller's length mask): the loss covers only what the policy chose."""
+    out = torch.ones((len(completions), length), dtype=torch.long)  # (N, L)
+    for i, c in enumerate(completions):
+        if c.model_mask:
+            out[i, :len(c.model_mask)] = torch.tensor(c.model_mask[:length], dtype=torch.long)
+    return out
 
 
 def engine_logprobs(completions: Sequence[Completion], length: int) -> torch.Tensor:
@@ -88,9 +98,12 @@ def engine_logprobs(completions: Sequence[Completion], length: int) -> torch.Ten
 
 
 def pack_groups(prompt_ids: list[list[int]], groups: list[list[list[int]]], advantages: torch.Tensor, pad: int,
-                device: torch.device, dtype: torch.dtype = torch.float32) -> PackedGroups:
+                device: torch.device, dtype: torch.dtype = torch.float32,
+                loss_masks: torch.Tensor | None = None) -> PackedGroups:
     """Packed layout. prompt_ids[r]: token ids of group r's prompt; groups[r]: its completions' token ids;
-    advantages: (N,) in the same (group-major) order as the completions."""
+    advantages: (N,) in the same (group-major) order as the completions. A multi-turn episode is one
+    completion (its turns and the environment's replies back to back, attending causally to all of them);
+    `loss_masks` (N, >= L) zeroes the environment's tokens in `completion_mask`."""
     lengths = [len(p) + sum(len(c) for c in g) for p, g in zip(prompt_ids, groups)]
     R, T = len(groups), max(1, max(lengths))
     ids = torch.full((R, T), pad, dtype=torch.long)  # (R, T)
@@ -122,6 +135,8 @@ def pack_groups(prompt_ids: list[list[int]], groups: list[list[list[int]]], adva
         idle = torch.arange(start, T)
         allowed[r, idle, idle] = True  # padding attends to itself: no all-masked rows (NaN in softmax)
     mask = torch.zeros((R, 1, T, T), dtype=dtype).masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
+    if loss_masks is not None:
+        cmask = cmask * loss_masks[:, :cmask.shape[1]]
     return PackedGroups(input_ids=ids.to(device), position_ids=pos.to(device), attention_mask=mask.to(device),
                         row_of=row_of.to(device), predictor=predictor.to(device), completion_ids=comp.to(device),
                         completion_mask=cmask.to(device), advantages=advantages.to(device))
@@ -208,10 +223,11 @@ def micro_batches(tokenizer: Any, prompts: Sequence[Prompt], groups: list[list[C
         adv = advantages[[g * G + j for g in chosen for j in range(G)]]
         batch: RolloutBatch | PackedGroups
         if packed:
+            flat = [c for g in chosen for c in groups[g]]
+            longest = max(1, max(len(c.token_ids) for c in flat))
             packed_batch = pack_groups([p_ids[g] for g in chosen], [tokens[g] for g in chosen], adv,
-                                       tokenizer.pad_token_id, device, dtype)
-            packed_batch.engine_logprobs = engine_logprobs([c for g in chosen for c in groups[g]],
-                                                           packed_batch.completion_ids.shape[1]).to(device)
+                                       tokenizer.pad_token_id, device, dtype, loss_masks=model_masks(flat, longest))
+            packed_batch.engine_logprobs = engine_logprobs(flat, packed_batch.completion_ids.shape[1]).to(device)
             batch = packed_batch
         else:
             batch = build_batch(tokenizer, [p_ids[g] for g in chosen for _ in range(G)],

@@ -88,7 +88,8 @@ def test_mbpp_style_parquet(tmp_path) -> None:
     assert (case.call, case.expected) == ("similar_elements((3, 4, 5, 6), (5, 7, 4, 10))", (4, 5))
     mbpp_default = load(SourceSpec(str(path), adapter="mbpp"), tmp_path).tasks
     assert [t.id for t in mbpp_default] == ["mbpp-2", "mbpp-3"]
-    assert "\r" not in t.reference and result.tasks[1].metadata == {"program_prefix": "import math\n"}
+    assert "\r" not in t.reference and result.tasks[1].metadata == {
+        "program_prefix": "import math\n", "visible_tests": [{"call": "is_not_prime(2)", "expected": False}]}
     assert result.tasks[1].tests[2] == {"call": "bool(is_not_prime(35))", "expected": True}
 
 

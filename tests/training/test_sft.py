@@ -155,8 +155,7 @@ def test_long_context_examples_grow_fit_and_train_on_the_answer_only() -> None:
 
 def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_the_fix() -> None:
     from training.chat import PromptFormat
-    from training.evaluation.measure import repair_reply
-    from training.rewards import get_verifier
+    from training.environments import CodeRepairEnv
     from training.stages.sft import near_miss, repair_examples
     from training.tasksets.generators import generate
 
@@ -171,9 +170,10 @@ def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_
         task = next(t for p, t in by_prompt.items() if text.startswith(p))
         assert trained == task.reference  # the loss is on the fix only
         attempt, _, rest = text[len(task.prompt):].partition("\n")
-        assert get_verifier("code").explain([task], [attempt])[0]  # the attempt really fails ...
+        step = CodeRepairEnv(task).step(attempt)
+        assert not step.done  # the attempt really fails its visible tests ...
         assert rest.startswith("# error: ") and ("expected" in rest or "Error" in rest)  # ... and says how
-        assert rest == repair_reply(get_verifier("code").explain([task], [attempt])[0]) + "\n" + task.reference
+        assert rest == f"{step.observation}\n{task.reference}"  # exactly the reply RL and evaluation show
     rng = __import__("random").Random(0)
     assert near_miss("def f(x): return x*3+45", rng) != "def f(x): return x*3+45"
     assert repair_examples(fmt, tasks, 0.0, 400, 0) == []

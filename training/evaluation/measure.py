@@ -5,8 +5,9 @@
 - pass@1 twice: lenient (the answer wherever the completion states it) and strict (only in the format the
   task requires, e.g. the last \\boxed{}); format-following rate: the completion has the shape the verifier needs
   (an answer in the required place / valid JSON / code that parses), passing or not;
-- self-repair where the verifier can explain a failure (`Verifier.repairable`: code, with its sandbox error):
-  the failed completion is shown with the explanation and the model retries, up to `repair_turns` times;
+- self-repair through the same environments as RL (`environments`; code: its visible tests run in the sandbox
+  and their failure shown as the next user turn), greedy episodes of up to 1 + `repair_turns` answers: the
+  first-attempt pass@1 and the pass within 1..R+1 turns, judged by the hidden tests;
 - long context as a sweep: the same tasks with distractor text (other tasks) in front, its length at several
   fractions of the model's context window (`long_context_fractions`); pass@1 per fraction (a curve, plotted),
   and over the whole sweep pass@1 and the share of greedy passes kept (consistency);
@@ -27,6 +28,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from training.chat import PromptFormat
+from training.environments.code_repair import repair_reply  # noqa: F401 - SFT's repair examples import it here
 from training.evaluation.metrics import mean_pass_at_k
 from training.tasksets.schema import Task
 
@@ -54,53 +56,32 @@ def _greedy(engine: Any, prompts: list[list[int]], cfg: EvalConfig) -> list[str]
     return [o[0].text for o in outs]
 
 
-def repair_reply(error: str) -> str:
-    """The user turn that shows a failed program's error and asks for the fix."""
-    error = " ".join(error.strip().splitlines()[-2:])[:160] or "wrong result"
-    return f"# error: {error}\n# fixed:"
+def self_repair(engine: Any, tasks: list[Task], cfg: EvalConfig, fmt: PromptFormat,
+                max_context: int | None = None) -> tuple[dict[int, list[bool]], dict[int, int]]:
+    """Greedy repair episodes through the same environments as RL (training/environments; code: the visible
+    tests run in the sandbox, their failure shown as the next user turn), up to 1 + `repair_turns` answers, for
+    the tasks whose domain has one (`cfg.environments`). Returns ({task index: [hidden tests pass within 1, 2,
+    ..., 1 + repair_turns turns]}, {task index: 1 where the episode ended for lack of context}). Within k turns
+    means the answer the episode ended with by turn k (it ends once the visible tests pass), judged by the
+    task's own verifier (the hidden tests), so turn 1 is the greedy first attempt."""
+    from training.environments import environment_for
+    from training.environments.episodes import run_episodes
+    from training.rewards import verify_tasks
 
-
-def self_repair(engine: Any, tasks: list[Task], completions: list[str], passed: list[bool],
-                cfg: EvalConfig, fmt: PromptFormat, max_prompt: int | None = None) -> tuple[dict[int, int], int]:
-    """({task index: turn it first passed at} for tasks that failed greedily and were repaired, number of repair
-    prompts dropped for not fitting `max_prompt` tokens). Only tasks whose verifier can explain a failure
-    usefully (`Verifier.repairable`, e.g. code with its sandbox error) are retried. Each turn continues the
-    conversation: the model's answer, then the verifier's explanation as the next user turn."""
-    from training.rewards import get_verifier, verify_tasks
-
-    current = {i: completions[i] for i, t in enumerate(tasks) if get_verifier(t.verifier).repairable and not passed[i]}
-    history: dict[int, list[tuple[str, str]]] = {i: [] for i in current}
-    repaired: dict[int, int] = {}
-    dropped = 0
-    for turn in range(1, cfg.repair_turns + 1):
-        if not current:
-            break
-        idx = sorted(current)
-        errors: dict[int, str] = {}
-        for name in sorted({tasks[i].verifier for i in idx}):
-            mine = [i for i in idx if tasks[i].verifier == name]
-            errors.update(zip(mine, get_verifier(name).explain([tasks[i] for i in mine], [current[i] for i in mine])))
-        prompts = {}
-        for i in idx:
-            history[i].append((current[i], repair_reply(errors[i])))
-            ids = fmt.follow_up_ids(tasks[i], history[i])
-            if max_prompt is not None and len(ids) > max_prompt:
-                dropped += 1  # too long to ask again within the context: not repaired, never cut
-                del current[i]
-            else:
-                prompts[i] = ids
-        idx = sorted(prompts)
-        if not idx:
-            break
-        retry = [o[0].text for o in engine.generate([prompts[i] for i in idx], 1, cfg.max_new_tokens,
-                                                     temperature=0.0, seed=cfg.seed + turn)]
-        for i, text, ok in zip(idx, retry, verify_tasks([tasks[i] for i in idx], retry)):
-            if ok:
-                repaired[i] = turn
-                del current[i]
-            else:
-                current[i] = text
-    return repaired, dropped
+    idx = [i for i, t in enumerate(tasks) if t.domain in cfg.environments]
+    if not idx:
+        return {}, {}
+    turns = 1 + cfg.repair_turns
+    groups = run_episodes(engine, fmt, [tasks[i] for i in idx], lambda t: environment_for(t, cfg.environments), 1,
+                          turns, cfg.max_new_tokens, temperature=0.0, seed=cfg.seed, max_context=max_context)
+    episodes = [g[0] for g in groups]
+    flat = [(k, j) for k, ep in enumerate(episodes) for j in range(ep.turns)]
+    ok = verify_tasks([episodes[k].task for k, _ in flat], [episodes[k].answers[j] for k, j in flat])
+    passed = {(k, j): o for (k, j), o in zip(flat, ok)}
+    within = {i: [passed[(k, min(t, ep.turns) - 1)] for t in range(1, turns + 1)]
+              for k, (i, ep) in enumerate(zip(idx, episodes))}
+    cut = {i: int(ep.ended_by == "context") for i, ep in zip(idx, episodes)}
+    return within, cut
 
 
 def _n_tokens(tokenizer: Any, text: str) -> int:
@@ -177,7 +158,7 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
     (counted in "dropped_over_length"), and distractor text is sized so prompt + completion fit.
     fmt: how prompts are rendered (default: the tokenizer's chat template and its saved chat settings).
     """
-    from training.rewards import get_verifier, verify_tasks
+    from training.rewards import verify_tasks
 
     fmt = fmt or PromptFormat(tokenizer, getattr(tokenizer, "chat_settings", None),
                               getattr(getattr(engine, "model", None), "generation_config", None))
@@ -195,8 +176,7 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
     flat_tasks = [t for t in tasks for _ in range(cfg.n_samples)]
     flat = verify_tasks(flat_tasks, [c.text for group in sampled for c in group])
     correct = [sum(flat[i * cfg.n_samples:(i + 1) * cfg.n_samples]) for i in range(len(tasks))]
-    repaired, repair_dropped = (self_repair(engine, tasks, greedy, passed, cfg, fmt, max_prompt)
-                                if cfg.repair_turns > 0 else ({}, 0))
+    within, repair_cut = self_repair(engine, tasks, cfg, fmt, max_context) if cfg.repair_turns > 0 else ({}, {})
 
     rng = random.Random(cfg.seed)
     domains = by_domain(tasks)
@@ -225,7 +205,6 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
             d["total"] += 1
             d["passed"] += int(passed[i])
         failures = [i for i in idx if not passed[i]]
-        repairable = get_verifier(tasks[idx[0]].verifier).repairable
         lc = [i for i in idx if i in sweep[0]]
         kept = [i for i in lc if passed[i]]
         levels: dict[int, list[int]] = defaultdict(list)
@@ -258,14 +237,9 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
                 {"fraction": fraction, "distractor_tokens": target,
                  "passed": sum(point[i] for i in lc), "total": len(lc)}
                 for (fraction, target), point in zip(points, sweep)],
-            **({"self_repair": {
-                "failed_first": len(failures),
-                "repaired_within": {str(r): sum(1 for t in repaired.values() if t <= r)
-                                    for r in range(1, cfg.repair_turns + 1)},
-                "pass_within_turns": (sum(passed[i] for i in idx) + len([i for i in idx if i in repaired]))
-                / len(idx),
-                "repair_prompts_dropped_over_length": repair_dropped,
-            }} if repairable else {}),
+            **({"self_repair": repair_report([within[i] for i in idx if i in within],
+                                             sum(repair_cut.get(i, 0) for i in idx))}
+               if any(i in within for i in idx) else {}),
         }
     tail = long_tail([(tasks[i].id, tasks[i].domain, tasks[i].difficulty, correct[i], cfg.n_samples)
                       for i in range(len(tasks))])
@@ -273,6 +247,25 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
                 "prompt": tokenizer.decode(prompts[i], skip_special_tokens=False),
                 "completion": greedy[i], "passed": passed[i]} for idx in domains.values() for i in idx[:10]]
     return {"domains": report, "long_tail": tail, "samples": samples}
+
+
+def repair_report(within: list[list[bool]], cut: int) -> dict[str, Any]:
+    """One domain's self-repair figures from each task's [pass within 1, 2, ..., R+1 turns] (hidden tests).
+
+    first_attempt: pass@1 of the first answer; pass_within: {"k": {passed, total}} for k = 1..R+1 turns;
+    failed_first and repaired_within ({"r": tasks that failed first and passed within r repair turns}) and
+    pass_within_turns (the rate within all R+1 turns) as before, which the gate's self_repair rule reads."""
+    total, turns = len(within), len(within[0])
+    first = sum(w[0] for w in within)
+    counts = {str(k): {"passed": sum(w[k - 1] for w in within), "total": total} for k in range(1, turns + 1)}
+    return {
+        "first_attempt": {"passed": first, "total": total},
+        "pass_within": counts,
+        "failed_first": total - first,
+        "repaired_within": {str(r): counts[str(r + 1)]["passed"] - first for r in range(1, turns)},
+        "pass_within_turns": counts[str(turns)]["passed"] / total,
+        "repair_prompts_dropped_over_length": cut,
+    }
 
 
 def pass1_rate(model_report: dict[str, Any], domain: str) -> float:

@@ -39,8 +39,11 @@ def render_markdown(report: dict[str, Any]) -> str:
     for d in domains:
         if "self_repair" in cand[d]:
             sr = cand[d]["self_repair"]
+            within = "; ".join(f"within {k} turn{'s' if k != '1' else ''} {c['passed']}/{c['total']}"
+                               for k, c in sr.get("pass_within", {}).items())
             lines += ["", f"Self-repair ({d}): {sr['failed_first']} failed first; repaired within turns "
-                          f"{sr['repaired_within']}; pass within turns {sr['pass_within_turns']:.1%}."]
+                          f"{sr['repaired_within']}; pass within turns {sr['pass_within_turns']:.1%}"
+                          + (f" ({within})." if within else ".")]
     lines += ["", "## By difficulty (candidate, greedy)", ""]
     for d in domains:
         levels = ", ".join(f"L{k}: {v['passed']}/{v['total']}" for k, v in cand[d]["by_difficulty"].items())

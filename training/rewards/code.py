@@ -224,6 +224,11 @@ class CodeVerifier(Verifier):
 
     def row_problems(self, answer: Any, tests: Any, metadata: dict[str, Any]) -> list[tuple[str, str]]:
         problem = tests_problem(tests)
+        visible = (metadata or {}).get("visible_tests")
+        if visible is not None and visible != []:
+            shown = tests_problem(_as_obj(visible, []))
+            if shown:
+                return ([("tests", problem)] if problem else []) + [("metadata", f"visible_tests: {shown}")]
         return [("tests", problem)] if problem else []
 
     def explain(self, tasks: Sequence[Any], completions: Sequence[str], *, concurrency: int | None = None,

@@ -28,12 +28,16 @@ class Completion:
     logprobs:      sampling-time log-probabilities of each token in token_ids under the engine's policy
                    at `temperature` (before top-p truncation), len == len(token_ids).
     finish_reason: "stop" (a stop id was sampled) or "length" (max_new_tokens reached).
+    model_mask:    for a multi-turn episode laid out as one completion (training/environments): 1 on the tokens
+                   the model generated, 0 on the environment's (its replies between turns), which the loss
+                   leaves out; empty = every token is the model's.
     """
 
     token_ids: list[int]
     text: str
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "stop"
+    model_mask: list[int] = field(default_factory=list)
 
 
 @runtime_checkable

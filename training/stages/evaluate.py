@@ -45,7 +45,9 @@ class EvalConfig(ConfigBase):
     compare_champion:   also evaluate the MLflow registry's `champion` of `model_name` (skipped if none yet).
     max_tasks_per_domain: cap on holdout tasks per domain (keeps evaluation cheap on CPU).
     n_samples / ks:     samples per task at `temperature` for unbiased pass@k (Chen et al. 2021), k <= n.
-    repair_turns:       self-repair rounds for failed code tasks (the model sees the sandbox error).
+    repair_turns:       self-repair: answers after the first in a greedy episode (R; training/environments), so
+                        the report has pass within 1..R+1 turns per domain with an environment.
+    environments:       domain -> environment for self-repair (as rl_round's `environments`).
     long_context_tasks: tasks per domain re-asked behind distractor text (other tasks), once per point of the
                         sweep: long_context_fractions of the model's context window (cut to what fits with the
                         prompt and max_new_tokens). distractor_tokens: the one length used when the model names
@@ -70,6 +72,7 @@ class EvalConfig(ConfigBase):
     ks: list[int] = field(default_factory=lambda: [1, 4, 8])
     temperature: float = 0.8
     repair_turns: int = 1
+    environments: dict[str, str] = field(default_factory=lambda: {"code": "code_repair"})
     long_context_tasks: int = 40
     distractor_tokens: int = 48
     long_context_fractions: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5])

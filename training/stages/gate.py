@@ -94,7 +94,12 @@ def metric_counts(model_report: dict[str, Any], metric: str) -> dict[str, Counts
             out[d] = Counts(sum(int(p["passed"]) for p in points), sum(int(p["total"]) for p in points))
         elif metric == "long_context" and "long_context" in r:
             out[d] = Counts(int(r["long_context"]["passed"]), int(r["long_context"]["total"]))
-        elif metric == "self_repair" and "self_repair" in r:
+        elif metric == "self_repair" and r.get("self_repair", {}).get("pass_within"):
+            # pass within all the repair episode's turns (hidden tests), counted by evaluation itself
+            within = r["self_repair"]["pass_within"]
+            last = within[max(within, key=int)]
+            out[d] = Counts(int(last["passed"]), int(last["total"]))
+        elif metric == "self_repair" and "self_repair" in r:  # reports before repair episodes
             repaired = max([int(v) for v in r["self_repair"]["repaired_within"].values()] or [0])
             out[d] = Counts(int(r["pass1"]["passed"]) + repaired, total)
     return out

@@ -117,6 +117,15 @@ class GRPOConfig(ConfigBase):
     vllm_tensor_parallel_size: the vLLM engine's settings (training/rollout/vllm.py); with sleep mode the engine
                         gives its GPU memory back to the trainer during the update.
     device:             "cpu", "cuda" or "auto".
+    max_turns:          answers per episode, T. 1 (the default) is the single-turn rollout, exactly as before. With
+                        T > 1 a task whose domain has an environment (`environments`) is an episode: after each
+                        answer the environment replies as the next user turn (code: the visible tests' failure,
+                        naming what was expected) until it is satisfied or T answers were given; the reward is the
+                        verifier's (hidden tests) on the final answer, advantages are group-relative over whole
+                        episodes, and the loss covers the model's tokens only (training/environments/episodes.py).
+    environments:       domain -> environment (training/environments) for T > 1; other domains stay single-turn.
+    turn_cost:          subtracted from an episode's reward per answer after the first (0 = none): prefers
+                        getting it right first.
     sandbox_url:        the sandbox HTTP service code rewards run on (e.g. http://sandbox:8081; its token from
                         POSTTRAIN_SANDBOX_TOKEN); "" = POSTTRAIN_SANDBOX_URL, else the local sandbox pool.
     parallel:           under torchrun (N processes): DDP or FSDP for the update, rollout seeding, the weight-sync
@@ -177,6 +186,9 @@ class GRPOConfig(ConfigBase):
     vllm_sleep_mode: bool = True
     vllm_tensor_parallel_size: int = 1
     device: str = "auto"
+    max_turns: int = 1
+    environments: dict[str, str] = field(default_factory=lambda: {"code": "code_repair"})
+    turn_cost: float = 0.0
     sandbox_url: str = ""
     parallel: distributed.ParallelConfig = field(default_factory=distributed.ParallelConfig)
 
@@ -194,6 +206,13 @@ class GRPOConfig(ConfigBase):
             raise ValueError(f"rollout_correction {self.rollout_correction!r}: use auto, tis or none")
         if self.ref_device not in ("same", "cpu"):
             raise ValueError(f"ref_device {self.ref_device!r}: use same or cpu")
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        from training.environments import ENVIRONMENTS
+
+        unknown = sorted(set(self.environments.values()) - set(ENVIRONMENTS))
+        if unknown:
+            raise ValueError(f"environments name {unknown}; known: {', '.join(sorted(ENVIRONMENTS))}")
 
 
 def resolve_engine(name: str, device: torch.device) -> str:
@@ -393,7 +412,10 @@ class Round:
     prompts_dropped: int = 0
     samples_seen: int = 0
     last_rows: list[dict] = field(default_factory=list)
+    last_episodes: list[dict] = field(default_factory=list)  # multi-turn: sample episodes of the last step
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
+    _openings: dict[str, list[int]] = field(default_factory=dict)  # an environment's opening prompt per task
+    _episodes: list[Any] = field(default_factory=list)  # the current draw's episodes (multi-turn)
     trainer: Any = None  # the module the update runs through: DDP around `model`, or `model` (FSDP, 1 process)
     rollout_model: Any = None  # what the hf engine samples from: `model`, or a full replica under FSDP
     timer: PhaseTimer = field(default_factory=PhaseTimer)  # the current step's time per phase (time/<phase>_s)
@@ -455,6 +477,8 @@ class Round:
 
         cfg, G = self.cfg, self.cfg.samples_per_prompt
         seeding = cfg.parallel.rollout_seeding
+        if cfg.max_turns > 1:
+            return self.episode_rollouts(tasks, step, draw)
         if distributed.world_size() == 1 and seeding == "batch":
             with self.timer.phase("rollout"):
                 groups = self.engine.generate([self.prompt_ids(t) for t in tasks], G, cfg.max_new_tokens,
@@ -482,6 +506,36 @@ class Round:
             everything = distributed.gather(scored, len(tasks))
         return [g for g, _ in everything], [r for _, rs in everything for r in rs]
 
+    def episode_rollouts(self, tasks: list[Task], step: int, draw: int) -> tuple[list[list[Completion]], list[float]]:
+        """G episodes of each task (up to max_turns answers; training/environments/episodes.py), each as one
+        completion, and their rewards: the verifier's on the final answer, less `turn_cost` per extra answer."""
+        from training.environments import environment_for
+        from training.environments.episodes import run_episodes
+        from training.evaluation.measure import context_limit
+        from training.rewards import score_tasks
+
+        cfg, G = self.cfg, self.cfg.samples_per_prompt
+        with self.timer.phase("rollout"):
+            episodes = run_episodes(
+                self.engine, self.fmt, tasks, lambda t: environment_for(t, cfg.environments), G, cfg.max_turns,
+                cfg.max_new_tokens, cfg.temperature, cfg.top_p, max_context=context_limit(self.model),
+                turn_seed=lambda turn: derive_seed(cfg.seed, self.round, step, draw, "sample",
+                                                   *(() if turn == 1 else ("turn", turn))))
+        for t, group in zip(tasks, episodes):
+            self._openings[t.id] = group[0].prompt_ids
+        flat = [ep for g in episodes for ep in g]
+        with self.timer.phase("reward"):
+            scores = score_tasks([ep.task for ep in flat], [ep.answers[-1] for ep in flat])
+        rewards = [float(r) - cfg.turn_cost * (ep.turns - 1) for r, ep in zip(scores, flat)]
+        for ep, r in zip(flat, rewards):
+            ep.reward = r
+        self._episodes = flat
+        return [[ep.as_completion() for ep in g] for g in episodes], rewards
+
+    def opening_ids(self, task: Task) -> list[int]:
+        """The prompt a group's completions follow: its environment's opening (multi-turn), else the task's."""
+        return self._openings.get(task.id) or self.prompt_ids(task)
+
     def update_chunks(self, kept: list[tuple[Task, list[Completion], list[float]]],
                       adv: torch.Tensor) -> tuple[list[RolloutBatch | PackedGroups], list[bool] | None]:
         """Micro-batches of this rank's share of the kept groups, and which are live (None: all, 1 process).
@@ -490,7 +544,7 @@ class Round:
         cfg = self.cfg
 
         def chunked(idx: list[int]) -> list[RolloutBatch | PackedGroups]:
-            return micro_batches(self.tokenizer, [self.prompt_ids(kept[i][0]) for i in idx],
+            return micro_batches(self.tokenizer, [self.opening_ids(kept[i][0]) for i in idx],
                                  [kept[i][1] for i in idx], adv[idx].flatten(), self.device, cfg.micro_batch_size,
                                  cfg.packed_groups and takes_4d_mask(self.model),
                                  next(self.model.parameters()).dtype)
@@ -525,10 +579,12 @@ class Round:
         drawn = zero_var = 0
         cut_by_length: list[float] = []
         components: dict[str, list[float]] = defaultdict(list)  # each weighted-reward component, where it applies
+        episodes: list[Any] = []
         for draw in range(cfg.max_sampling_batches if cfg.dynamic_sampling else 1):
             rng = random.Random(derive_seed(cfg.seed, self.round, step, draw, "prompts"))
             tasks = pick_prompts(self.pool, counts, self.curriculum if cfg.curriculum else None, rng)
             groups, scores = self.rollouts(tasks, step, draw)
+            episodes += self._episodes
             cut_by_length.append(length_cut_share(groups))
             # each weighted-reward component, where it applies (one process; N ranks gather plain rewards)
             for name, values in getattr(scores, "components", {}).items():
@@ -578,8 +634,20 @@ class Round:
                         "zero_variance_frac": zero_var / max(1, drawn), "lr": lr,
                         "rollout/length_cut_frac": sum(cut_by_length) / max(1, len(cut_by_length)),
                         "step_seconds": time.monotonic() - t0})
+        if episodes:  # how episodes went: answers per episode, and what ended them; samples for the table
+            self.last_episodes = episode_rows(episodes, step + 1, cfg.log_samples)
+            metrics["episode/turns_mean"] = sum(ep.turns for ep in episodes) / len(episodes)
+            for why in ("environment", "max_turns", "context", "single_turn"):
+                metrics[f"episode/ended_by_{why}"] = sum(ep.ended_by == why for ep in episodes) / len(episodes)
         metrics.update(self.timer.metrics())  # time/<phase>_s: where this step's time went
         return metrics
+
+
+def episode_rows(episodes: list[Any], step: int, n: int) -> list[dict[str, Any]]:
+    """Up to n sample episodes for the MLflow table: those with most turns first (the repairs), then in order;
+    each with every answer, the environment's replies (tool outputs) and the reward."""
+    chosen = sorted(range(len(episodes)), key=lambda i: (-episodes[i].turns, i))[:n]
+    return [{"step": step, **episodes[i].row(), "reward": episodes[i].reward} for i in sorted(chosen)]
 
 
 def engine_options(cfg: GRPOConfig, engine_name: str) -> dict[str, Any]:
@@ -598,6 +666,9 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     prev = "sft" if round_ == 1 else rl_round_stage(round_ - 1)
     if world > 1 and cfg.lora.enabled and cfg.parallel.strategy == "fsdp":
         raise ValueError("rl_round: LoRA with parallel.strategy=fsdp is not supported; use ddp (adapters are small)")
+    if world > 1 and cfg.max_turns > 1:
+        raise ValueError("rl_round: max_turns > 1 runs in one process for now (episodes are not sharded over "
+                         "ranks); use max_turns=1 under torchrun")
     if world > 1 and cfg.vllm_tensor_parallel_size > 1:
         raise ValueError("rl_round: under torchrun each rank runs its own vLLM engine on its own GPU "
                          "(data-parallel engines); vllm_tensor_parallel_size > 1 needs a 1-process stage")
@@ -685,6 +756,9 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     samples = rnd.last_rows + _holdout_samples(holdout_rows, cfg.log_samples)
     ctx.mlflow.log_table(samples, "samples.json")
     ctx.writer.put_json(samples, "samples.json")
+    if rnd.last_episodes:  # multi-turn: turns, tool outputs and reward of sample episodes
+        ctx.mlflow.log_table(rnd.last_episodes, "episodes.json")
+        ctx.writer.put_json(rnd.last_episodes, "episodes.json")
     final = distributed.gathered_model(trainer, cfg.parallel.weight_sync_bucket_mb)  # None on ranks other than 0
     if final is not None:
         models.save_checkpoint(final, tokenizer, ctx.writer, "model")

@@ -59,9 +59,9 @@ class SFTConfig(ConfigBase):
                        question past filler, as evaluation's long-context sweep asks. 0 = none.
     long_context_fractions: distractor lengths of those examples, as fractions of max_seq_len, taken in turn
                        (short to long) and cut to what fits.
-    repair_share:      extra examples, as a share of the tasks whose verifier can explain a failure (code), that
-                       show a wrong attempt and its real sandbox error, then the reference: the conversation
-                       evaluation's self-repair holds, so the model has seen one before it is asked. 0 = none.
+    repair_share:      extra examples, as a share of the code tasks, that show a wrong attempt and the code-repair
+                       environment's real reply (its visible tests' failure), then the reference: the conversation
+                       RL episodes and evaluation's self-repair hold, so the model has seen one before. 0 = none.
     packing:           concatenate examples into full rows with a block-diagonal attention mask and positions
                        restarting per example, so no compute is spent on padding and examples never attend to
                        each other ("packing with attention masking", as in Krell et al. 2021, "Efficient
@@ -292,26 +292,24 @@ def near_miss(reference: str, rng: random.Random) -> str:
 
 def repair_examples(fmt: PromptFormat, tasks: list[Task], share: float, max_seq_len: int,
                     seed: int) -> list[Example]:
-    """round(share * n) extra examples over the n tasks whose verifier is `repairable`: the task, a near-miss
-    attempt, the verifier's real explanation of its failure as the next user turn (as evaluation's self-repair
-    writes it), then the reference; loss on the reference only. Attempts that happen to pass are skipped."""
-    from training.evaluation.measure import repair_reply
-    from training.rewards import get_verifier
+    """round(share * n) extra examples over the n code tasks (those with a repair environment): the task, a
+    near-miss attempt, the code-repair environment's real reply (its visible tests' failure, exactly what RL
+    episodes and evaluation's self-repair show) as the next user turn, then the reference; loss on the reference
+    only. Attempts that pass the visible tests are skipped."""
+    from training.environments import CodeRepairEnv, step_all
 
     rng = random.Random(f"repair:{seed}")
-    pool = [t for t in tasks if get_verifier(t.verifier).repairable]
+    pool = [t for t in tasks if t.verifier == "code"]
     n = min(len(pool), round(share * len(pool)))
     chosen = rng.sample(pool, n) if n else []
     attempts = [near_miss(t.reference, rng) for t in chosen]
-    errors: dict[int, str] = {}
-    for name in sorted({t.verifier for t in chosen}):
-        mine = [i for i, t in enumerate(chosen) if t.verifier == name]
-        errors.update(zip(mine, get_verifier(name).explain([chosen[i] for i in mine], [attempts[i] for i in mine])))
+    steps = step_all([CodeRepairEnv(t) for t in chosen], attempts)
+    replies = {i: st.observation for i, st in enumerate(steps) if not st.done and st.observation}
     out = []
     for i, task in enumerate(chosen):
-        if not errors.get(i):  # "" = the attempt passed: nothing to repair
+        if i not in replies:  # the attempt passed the visible tests: nothing to repair
             continue
-        ex = fmt.sft_example(task, turns=[(attempts[i], repair_reply(errors[i]))])
+        ex = fmt.sft_example(task, turns=[(attempts[i], replies[i])])
         if len(ex.input_ids) <= max_seq_len:  # never cut: a repair conversation that does not fit is skipped
             out.append(Example(ex.input_ids, ex.loss_mask))
     return out

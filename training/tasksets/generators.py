@@ -9,8 +9,11 @@ references under 42, one surface form per template. Difficulty 1 is learnable by
     1: one-digit a+b   2: two-digit ± one-digit (and one-digit + two-digit)   3: two-digit ± two-digit, one-digit a*b
     4: three-digit ± three-digit, two-digit * one-digit   5: two steps ((a+b)*c, a*b-c, ...), two-digit products
 - code (verifier "code"): `Write f(x) returning x plus 3.` -> reference `def f(x): return x+3`, 4 tests
-    ({"call": "f(2)", "expected": 5}). No program prefix: the completion is the whole program.
-    1: x op k   2: x*k1+k2, (x+k1)*k2   3: string ops   4: list ops   5: two arguments, conditionals, % and //
+    ({"call": "f(2)", "expected": 5}), the first 2 also in metadata["visible_tests"] (what a repair episode runs
+    and shows). No program prefix: the completion is the whole program.
+    1: x op k   2: x*k1+k2, (x+k1)*k2   3: string ops   4: list ops   5: two arguments, conditionals, % and //,
+    and prompts with two readings that only the tests settle ("x shifted by 7": plus or minus), so a first attempt
+    fails about half the time and the visible test's failure ("f(2): expected 9, got -5") tells the fix
 - extraction (verifier "json_rules"): `Extract name and age as JSON: Bob is 31.` ->
     `{"name":"Bob","age":31}` (compact JSON; any formatting verifies), metadata {"schema": ...} (a closed
     object with typed fields).
@@ -40,6 +43,7 @@ from training.tasksets.schema import MAX_DIFFICULTY, MIN_DIFFICULTY, Task
 
 DOMAIN_VERIFIER = {"math": "math", "code": "code", "extraction": "json_rules", "instruction": "ifeval"}
 _RETRIES = 8
+VISIBLE_CODE_TESTS = 2  # of a generated code task's 4 tests, the ones shown in an episode (metadata.visible_tests)
 
 
 # ----- math ---------------------------------------------------------------------------------------------------
@@ -142,6 +146,21 @@ _CODE: dict[int, list[_Tpl]] = {
         ("{v} mod {k2}", "{v}%{k2}", lambda k2: lambda x: x % k2, "int"),
         ("{v} floor-divided by {k2}", "{v}//{k2}", lambda k2: lambda x: x // k2, "int"),
         ("abs of {v} minus {k}", "abs({v}-{k})", lambda k: lambda x: abs(x - k), "int"),
+        # Specified only by their tests: each prompt has two readings, the task's hidden choice is one of them
+        # (a first attempt is right about half the time), and a failed visible test names what was expected,
+        # which tells which reading it is. Repair is learnable here; a first attempt cannot do better.
+        ("{v} shifted by {k}", "{v}+{k}", lambda k: lambda x: x + k, "int"),
+        ("{v} shifted by {k}", "{v}-{k}", lambda k: lambda x: x - k, "int"),
+        ("{v} scaled by {k2}", "{v}*{k2}", lambda k2: lambda x: x * k2, "int"),
+        ("{v} scaled by {k2}", "{v}//{k2}", lambda k2: lambda x: x // k2, "int"),
+        ("{v} with '{C}' attached", "{v}+'{C}'", lambda C: lambda s: s + C, "str"),
+        ("{v} with '{C}' attached", "'{C}'+{v}", lambda C: lambda s: C + s, "str"),
+        ("{v} cut by {k2}", "{v}[{k2}:]", lambda k2: lambda s: s[k2:], "str"),
+        ("{v} cut by {k2}", "{v}[:-{k2}]", lambda k2: lambda s: s[:-k2], "str"),
+        ("{v} in one case", "{v}.upper()", lambda: lambda s: s.upper(), "str"),
+        ("{v} in one case", "{v}.lower()", lambda: lambda s: s.lower(), "str"),
+        ("{v} ordered", "sorted({v})", lambda: lambda xs: sorted(xs), "list"),
+        ("{v} ordered", "sorted({v},reverse=True)", lambda: lambda xs: sorted(xs, reverse=True), "list"),
     ],
 }
 _VARS = {"int": ("x", "n", "a", "y", "k", "m"), "str": ("s", "t", "w", "u", "z"),
@@ -173,7 +192,9 @@ def _code_task(rng: random.Random, level: int) -> tuple[str, Callable[[], dict[s
         fn = make(*(params[n] for n in names))
         tests = [{"call": f"f({', '.join(repr(a) for a in arg)})", "expected": fn(*arg)}
                  for arg in _code_args(rng, kind)]
-        return {"prompt": prompt, "reference": f"def f({var}): return {body_t.format(**fill)}", "tests": tests}
+        # the first two are visible (an environment runs them and shows the result); all four are hidden
+        return {"prompt": prompt, "reference": f"def f({var}): return {body_t.format(**fill)}", "tests": tests,
+                "metadata": {"visible_tests": tests[:VISIBLE_CODE_TESTS]}}
 
     return prompt, finish
 

@@ -160,8 +160,13 @@ def _mbpp(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
         raise _FieldError("test_list", str(err)) from None
     prompt = f"{text}\nYour code should pass: {tests_src[0]}" if isinstance(text, str) and text.strip() else text
     code = rec.get("code") or ""
+    meta: dict[str, Any] = {"program_prefix": setup + "\n"} if setup.strip() else {}
+    try:  # the test the prompt shows is the visible one (what a repair episode runs); all of them are hidden
+        meta["visible_tests"] = _tests_or_program([tests_src[0]], setup)
+    except ValueError:
+        pass  # the full set already parsed, so a lone first assert that does not is left unshown
     return {"prompt": prompt, "reference": code.replace("\r\n", "\n"), "tests": tests, "domain": "code",
-            "verifier": "code", "metadata": {"program_prefix": setup + "\n"} if setup.strip() else {},
+            "verifier": "code", "metadata": meta,
             "difficulty": min(max(len(code.strip().splitlines()) // 4 + 1, 1), 5),
             "_key": rec.get("task_id")}
 
@@ -180,10 +185,39 @@ def _humaneval(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
     if problem:
         raise _FieldError("test", problem)
     solution = rec.get("canonical_solution") or ""
+    meta: dict[str, Any] = {"program_prefix": prompt if isinstance(prompt, str) else "", "entry_point": entry}
+    shown = docstring_examples(prompt, entry) if isinstance(prompt, str) else []
+    if shown:  # the docstring's examples are visible (a repair episode runs them); check(candidate) is hidden
+        meta["visible_tests"] = shown
     return {"prompt": prompt, "reference": solution, "tests": tests, "domain": "code", "verifier": "code",
-            "metadata": {"program_prefix": prompt if isinstance(prompt, str) else "", "entry_point": entry},
+            "metadata": meta,
             "difficulty": min(max(len(solution.strip().splitlines()) // 4 + 1, 1), 5),
             "id": f"{spec.id_prefix}{rec['task_id']}" if rec.get("task_id") is not None else None}
+
+
+def docstring_examples(prompt: str, entry_point: str) -> list[dict[str, Any]]:
+    """The `>>> entry_point(...)` examples of a HumanEval prompt's docstring whose shown result is a Python
+    literal, as {call, expected} tests (examples with side effects, several statements or a non-literal
+    result are left out: they cannot be compared on the host)."""
+    import ast
+    import doctest
+
+    try:
+        examples = doctest.DocTestParser().get_examples(prompt)
+    except ValueError:  # a docstring doctest cannot parse (inconsistent indentation): no visible tests
+        return []
+    out = []
+    for ex in examples:
+        call = ex.source.strip()
+        if not call.startswith(f"{entry_point}(") or "\n" in call or not ex.want.strip():
+            continue
+        try:
+            compile(call, "<example>", "eval")
+            expected = ast.literal_eval(ex.want.strip())
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            continue
+        out.append({"call": call, "expected": expected})
+    return out
 
 
 def _mapped(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:

@@ -29,7 +29,9 @@ class Task:
     reference:  one correct completion (the SFT target); "" when the source has none (RL-only tasks).
     answer:     math: the final answer; extraction: the expected JSON text; None for code.
     tests:      code: [{"call": "f(2)", "expected": 4}, ...] or one test program {"program": ..., "entry_point"?,
-                "setup"?}, run in sandbox/; [] otherwise.
+                "setup"?}, run in sandbox/; [] otherwise. These are the hidden tests: the reward and pass@1.
+                metadata["visible_tests"] (same shapes) are the ones a model may see run during an episode
+                (training/environments); see `visible_tests`.
     difficulty: 1 (easiest) .. 5, for curriculum and stratified splits.
     source:     where it came from, e.g. "synthetic:arithmetic@seed=0", "gsm8k:train", "file:tasks.jsonl".
     metadata:   free-form JSON (extraction: {"schema": {...}}; anything a verifier needs).
@@ -65,3 +67,18 @@ class Task:
             metadata=json.loads(row["metadata"]) if isinstance(row.get("metadata"), str)
             else dict(row.get("metadata") or {}),
         )
+
+
+def visible_tests(task: Task) -> list[dict[str, Any]] | dict[str, Any]:
+    """The tests an environment may run and show the model (the hidden `tests` judge the final program).
+
+    metadata["visible_tests"] when the task names them (tiny generators, the HumanEval and MBPP loaders);
+    else, for task files written before visible tests existed, the first of a list of {call, expected} tests
+    (MBPP's convention: the prompt shows one test), and none for a whole test program (running it would show
+    the hidden tests' failures)."""
+    named = task.metadata.get("visible_tests") if isinstance(task.metadata, dict) else None
+    if named is not None:
+        return json.loads(named) if isinstance(named, str) else named
+    if isinstance(task.tests, list):
+        return list(task.tests[:1])
+    return []

@@ -1,0 +1,211 @@
+"""Environments and multi-turn episodes: code repair against visible tests in the real sandbox, a calculator
+tool, the token layout of an episode (the next turn's prompt extends the last one token for token), and the
+loss: environment tokens get no gradient.
+
+The episode tests drive a planted engine (answers chosen by what the context says, real tokenizer ids), so each
+turn's content is known; everything else (tokenizer, chat template, sandbox, model, loss) is real."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training import algorithms, models
+from training.chat import PromptFormat
+from training.environments import CalculatorEnv, CodeRepairEnv, environment_for, step_all
+from training.environments.calculator import calculate
+from training.environments.episodes import run_episodes
+from training.grpo_batches import completion_logprobs, micro_batches
+from training.rewards import score_tasks
+from training.rollout.base import Completion
+from training.tasksets.schema import Task
+
+TASK = Task("c1", "code", "Write f(x) returning x plus 3.", "code", reference="def f(x): return x+3",
+            tests=[{"call": "f(2)", "expected": 5}, {"call": "f(0)", "expected": 3}, {"call": "f(7)", "expected": 10}],
+            metadata={"visible_tests": [{"call": "f(2)", "expected": 5}]})
+WRONG, RIGHT = "def f(x): return x-3", "def f(x): return x+3"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    corpus = [TASK.prompt, WRONG, RIGHT, "# error: 0/1 tests passed; first failure: f(2): expected 5, got -1",
+              "# fixed:", "Q: 23*45=? A: calc(23*45) = 1035"]
+    return models.build_tiny_tokenizer(corpus, vocab_size=300)
+
+
+class PlantedEngine:
+    """Answers WRONG until the context shows the sandbox's complaint, then RIGHT; records every prompt."""
+
+    def __init__(self, tok) -> None:
+        self.tok, self.stop_ids, self.prompts = tok, [tok.eos_token_id], []
+
+    def generate(self, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, seed=0):
+        out = []
+        for ids in prompts:
+            self.prompts.append(list(ids))
+            text = RIGHT if "expected 5" in self.tok.decode(list(ids)) else WRONG
+            token_ids = list(self.tok(text, add_special_tokens=False)["input_ids"]) + [self.tok.eos_token_id]
+            out.append([Completion(token_ids, text, [-0.5] * len(token_ids), "stop") for _ in range(n)])
+        return out
+
+
+def test_code_repair_runs_visible_tests_and_names_what_was_expected() -> None:
+    wrong, right, broken, empty = step_all([CodeRepairEnv(TASK) for _ in range(4)], [WRONG, RIGHT, "def f(x:", ""])
+    assert not wrong.done and "f(2): expected 5, got -1" in wrong.observation and wrong.info["status"] == "failed"
+    assert right.done and right.observation is None and right.info["visible_passed"]
+    assert not broken.done and "not valid Python" in broken.observation
+    assert not empty.done and "no code" in empty.observation
+    # visible tests pass, hidden ones do not: the environment is satisfied, the reward is not
+    cheat = "def f(x): return 5"
+    assert CodeRepairEnv(TASK).step(cheat).done and score_tasks([TASK], [cheat]) == [0.0]
+
+
+def test_calculator_tool_is_a_second_environment() -> None:
+    assert calculate("(2+3)*4") == 20 and calculate("-7//2") == -4
+    for bad in ("__import__('os')", "2**10000", "1/0", "x+1"):
+        with pytest.raises(ValueError):
+            calculate(bad)
+    math = Task("m1", "math", "Q: 23*45=? A:", "math", reference="1035", answer="1035")
+    env = environment_for(math, {"math": "calculator"})
+    assert isinstance(env, CalculatorEnv) and "calc(" in env.reset(math)[0]["content"]
+    step = env.step("calc(23*45)")
+    assert not step.done and step.observation == "calc(23*45) = 1035"
+    assert "error" in env.step("calc(open('x'))").observation
+    assert env.step("1035").done
+
+
+def test_episode_is_laid_out_as_one_sequence_the_engine_saw(tok) -> None:
+    fmt = PromptFormat(tok)
+    engine = PlantedEngine(tok)
+    (group,) = run_episodes(engine, fmt, [TASK], lambda t: CodeRepairEnv(t), n_samples=2, max_turns=3,
+                            max_new_tokens=16)
+    ep = group[0]
+    assert ep.answers == [WRONG, RIGHT] and ep.ended_by == "environment" and ep.turns == 2
+    assert "expected 5, got -1" in ep.replies[0]
+    # the first prompt is exactly the single-turn prompt; the second extends the first token for token
+    assert ep.prompt_ids == fmt.prompt_ids(TASK) == engine.prompts[0]
+    second = engine.prompts[1]
+    assert second[:len(ep.prompt_ids)] == ep.prompt_ids and ep.context()[:len(second)] == second
+    # ... and equals re-rendering the whole conversation through the chat template
+    assert second == fmt.follow_up_ids(TASK, [(WRONG, ep.replies[0])])
+    c = ep.as_completion()
+    first_len = len(engine.generate([ep.prompt_ids], 1, 16)[0][0].token_ids)
+    reply_len = len(second) - len(ep.prompt_ids) - first_len
+    assert c.model_mask == [1] * first_len + [0] * reply_len + [1] * (len(c.token_ids) - first_len - reply_len)
+    assert c.text == RIGHT and c.logprobs[first_len:first_len + reply_len] == [0.0] * reply_len
+    # T = 2: the last answer is not stepped; a task without an environment stays single-turn
+    (short,) = run_episodes(PlantedEngine(tok), fmt, [TASK], lambda t: CodeRepairEnv(t), 1, 2, 16)
+    assert short[0].ended_by == "max_turns" and short[0].turns == 2
+    (single,) = run_episodes(PlantedEngine(tok), fmt, [TASK], lambda t: None, 1, 3, 16)
+    assert single[0].turns == 1 and single[0].ended_by == "single_turn" and single[0].as_completion().model_mask == \
+        [1] * len(single[0].token_ids)
+    # a turn that would not fit the context ends the episode instead of being cut
+    (tight,) = run_episodes(PlantedEngine(tok), fmt, [TASK], lambda t: CodeRepairEnv(t), 1, 3, 16,
+                            max_context=len(second) + 8)
+    assert tight[0].turns == 1 and tight[0].ended_by == "context"
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_environment_tokens_get_no_gradient(tok, packed) -> None:
+    torch.manual_seed(0)
+    model = models.build_tiny_model(models.TinyModelConfig(n_layer=1, n_embd=32, n_head=2), tok).train()
+    model.config._attn_implementation = "eager"
+    fmt = PromptFormat(tok)
+    (group,) = run_episodes(PlantedEngine(tok), fmt, [TASK], lambda t: CodeRepairEnv(t), 2, 2, 16)
+    completions = [ep.as_completion() for ep in group]
+    (batch,) = micro_batches(tok, [group[0].prompt_ids], [completions], torch.tensor([1.0, -0.5]),
+                             torch.device("cpu"), 0, packed=packed)
+    env = torch.tensor([[m == 0 for m in c.model_mask] for c in completions])  # (N, L) environment tokens
+    assert bool(env.any()) and not bool((batch.completion_mask.bool() & env).any())
+    logp = completion_logprobs(model, batch, 1.0)  # (N, L)
+    logp.retain_grad()
+    loss, _ = algorithms.grpo_loss(logp, logp.detach(), None, batch.advantages, batch.completion_mask.float(),
+                                   beta=0.0, clip_low=0.2, clip_high=0.28, agg="token-mean", kl_estimator="k3",
+                                   policy_loss="clip")
+    loss.backward()
+    assert logp.grad is not None
+    assert torch.all(logp.grad[env] == 0)  # no gradient flows from any environment token
+    assert torch.all(logp.grad[batch.completion_mask.bool()] != 0)  # every model token carries one
+    # the environment tokens are still in the sequence the model attends to (they condition turn 2)
+    assert torch.isfinite(logp[env]).all() and bool((logp[env] < 0).all())
+
+
+def test_multi_turn_grpo_step_is_deterministic_and_logs_episodes(tiny_model, monkeypatch) -> None:
+    import copy
+    import dataclasses
+
+    import training.rewards
+    from training.stages.rl_round import GRPOConfig, Round
+    from training.tasksets.generators import generate
+
+    # An untrained model earns 0 everywhere; a length-parity reward gives every group some variance. Its
+    # answers are not Python, so the code-repair environment replies and every episode takes 2 turns.
+    monkeypatch.setattr(training.rewards, "score_tasks", lambda tasks, texts: [float(len(t) % 2) for t in texts])
+    model, tok = tiny_model
+    tasks = generate("code", 12, 0, (3, 4))
+    cfg = GRPOConfig(prompts_per_step=3, samples_per_prompt=4, max_new_tokens=6, dynamic_sampling=False,
+                     beta=0.05, device="cpu", lr=1e-2, max_turns=2, turn_cost=0.25)
+
+    def run() -> tuple[dict, dict, list[dict]]:
+        policy = copy.deepcopy(model).train()
+        rnd = Round.build(cfg, 1, policy, tok, copy.deepcopy(model).eval(), tasks, torch.device("cpu"))
+        return rnd.step(0), policy.state_dict(), rnd.last_episodes
+
+    m1, s1, rows = run()
+    m2, s2, _ = run()
+    assert m1["episode/turns_mean"] == 2.0 and m1["episode/ended_by_max_turns"] == 1.0
+    assert m1["train/grad_norm"] > 0 and m1["groups_kept"] == 3
+    # the turn cost: rewards are parity - 0.25 for the second answer
+    assert all(r["reward"] in (-0.25, 0.75) for r in rows)
+    assert rows and all(r["turns"] == 2 and len(r["answers"]) == 2 and r["tool_outputs"][0].startswith("# error:")
+                        for r in rows)
+    untimed = {k: v for k, v in m1.items() if k != "step_seconds" and not k.startswith("time/")}
+    assert untimed == {k: v for k, v in m2.items() if k != "step_seconds" and not k.startswith("time/")}
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)
+    single = dataclasses.replace(cfg, max_turns=1)
+    rnd = Round.build(single, 1, copy.deepcopy(model).train(), tok, copy.deepcopy(model).eval(), tasks,
+                      torch.device("cpu"))
+    assert not any(k.startswith("episode/") for k in rnd.step(0)) and rnd.last_episodes == []
+
+
+class AgainEnv:
+    """A test environment (any tool plugs in through the registry): always asks once more."""
+
+    name = "again"
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def reset(self, task: Task) -> list[dict[str, str]]:
+        return [{"role": "user", "content": task.prompt}]
+
+    def step(self, completion: str):
+        from training.environments import Step
+
+        return Step(f"again: {completion[:8]!r}", False, {"status": "asked"})
+
+
+def test_round_logs_sample_episodes_to_mlflow(sft_run) -> None:  # noqa: F811 - the fixture imported below
+    import mlflow
+
+    from training import stage, storage
+    from training.environments.base import register_environment
+    from training.stages.rl_round import GRPOConfig, run_round
+
+    register_environment("again")(AgainEnv)
+    cfg = GRPOConfig(steps=2, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=6, checkpoint_every=0,
+                     device="cpu", holdout_per_domain=4, max_turns=3, environments={"math": "again"}, log_samples=6)
+    result = stage.run_stage("rl_round_1", cfg, sft_run, lambda ctx: run_round(ctx, 1))
+    rows = storage.read_json(storage.require_manifest(storage.join(sft_run, "rl_round_1")), "episodes.json")
+    assert 0 < len(rows) <= 6
+    math_rows = [r for r in rows if r["domain"] == "math"]
+    assert math_rows and all(r["turns"] == 3 and len(r["tool_outputs"]) == 2 and "reward" in r for r in math_rows)
+    assert all(r["turns"] == 1 and r["ended_by"] == "single_turn" for r in rows if r["domain"] != "math")
+    client = mlflow.MlflowClient()
+    assert "episodes.json" in {a.path for a in client.list_artifacts(result.mlflow_run_id)}
+    table = client.load_table(client.get_run(result.mlflow_run_id).info.experiment_id, "episodes.json",
+                              run_ids=[result.mlflow_run_id])
+    assert {"turns", "tool_outputs", "reward", "answers"} <= set(table.columns)
+
+
+from tests.training.test_grpo import sft_run  # noqa: E402, F401 - the SFT stage fixture

@@ -1,0 +1,81 @@
+"""Code repair: the task's visible tests run in the sandbox after every answer; a failure comes back as the next
+user turn, naming what was expected ("f(2): expected 5, got -1"), and the episode ends once they pass.
+
+The hidden tests (`Task.tests`) never run here: they judge the final program (the reward, pass@1). Every
+program goes through the same `sandbox` jobs as the code reward (the local pool or the sandbox service), with
+the same limits, in every turn: a hostile program in turn 2 is contained exactly as in turn 1 (tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from training.environments.base import Step, register_environment
+from training.tasksets.schema import Task, visible_tests
+
+
+def failure_text(detail: str) -> str:
+    """The part of a sandbox verdict's detail the model needs: the first failing test, naming what was expected
+    ("f(2): expected 5, got -1"), without the tally in front. Short, because every reply token is context a
+    small model's next turn must still fit in."""
+    marker = "first failure: "
+    return detail.split(marker, 1)[1] if marker in detail else detail
+
+
+def repair_reply(error: str) -> str:
+    """The user turn that shows a failed program's error and asks for the fix (also SFT's repair examples)."""
+    error = " ".join(error.strip().splitlines()[-2:])[:160] or "wrong result"
+    return f"# error: {error}\n# fixed:"
+
+
+@register_environment("code_repair")
+class CodeRepairEnv:
+    """One repair episode of a code task. `limits` (sandbox.Limits) and `run` (jobs -> verdicts; default the
+    code reward's `run_jobs`) are options for tests and deployments."""
+
+    name = "code_repair"
+
+    def __init__(self, task: Task, limits: Any = None, run: Callable[[list[Any]], list[Any]] | None = None) -> None:
+        self.task = task
+        self.limits = limits
+        self.run = run
+        self.turn = 0
+
+    def reset(self, task: Task) -> list[dict[str, str]]:
+        self.task, self.turn = task, 0
+        return [{"role": "user", "content": task.prompt}]
+
+    def step(self, completion: str) -> Step:
+        return self.step_batch([self], [completion])[0]
+
+    @classmethod
+    def step_batch(cls, envs: Sequence[CodeRepairEnv], completions: Sequence[str]) -> list[Step]:
+        """Every program of this turn against its visible tests, as one sandbox batch."""
+        from training.rewards.code import code_job, parses, run_jobs
+
+        out: list[Step | None] = [None] * len(envs)
+        jobs, rows = [], []
+        for i, (env, completion) in enumerate(zip(envs, completions)):
+            env.turn += 1
+            shown = visible_tests(env.task)
+            job = code_job(completion, shown, env.task.metadata, f"{env.task.id}#turn{env.turn}", env.limits)
+            if not shown:  # nothing the model may see run: the episode cannot get feedback
+                out[i] = Step(None, True, {"status": "no_visible_tests", "visible_passed": False})
+            elif job is None:
+                out[i] = Step(repair_reply("no code to run"), False, {"status": "no_code", "visible_passed": False})
+            elif not parses(job.program):
+                out[i] = Step(repair_reply("the program is not valid Python"), False,
+                              {"status": "syntax", "visible_passed": False})
+            else:
+                jobs.append(job)
+                rows.append(i)
+        if jobs:
+            run = envs[rows[0]].run or run_jobs
+            for i, verdict in zip(rows, run(jobs)):
+                passed = verdict.status.value == "passed"
+                detail = verdict.detail or verdict.stderr or verdict.status.value
+                out[i] = Step(None if passed else repair_reply(failure_text(detail)), passed,
+                              {"status": verdict.status.value, "visible_passed": passed, "detail": detail,
+                               "verdict": verdict})
+        return [s for s in out if s is not None]

@@ -1,0 +1,136 @@
+"""Multi-turn episodes through any rollout engine, laid out for the packed GRPO update.
+
+    groups = run_episodes(engine, fmt, tasks, lambda t: environment_for(t, {"code": "code_repair"}),
+                          n_samples=8, max_turns=2, max_new_tokens=40, temperature=1.0, seed=s)
+
+Turn 1 samples `n_samples` answers per task in one engine call (exactly the single-turn rollout). After each
+turn the environments of the unfinished episodes are stepped together (`step_all`); each reply is appended to
+the episode's own token ids (`PromptFormat.reply_ids`: closing the assistant turn if the answer did not, the
+reply as a user turn, the next generation prompt) and every unfinished episode continues with one sample from
+its whole context. A later turn's prompt therefore extends the earlier one token for token: the transformers
+engine simply prefills it, vLLM with prefix caching reuses the KV blocks of every earlier turn.
+
+An episode is laid out as one completion after the first prompt: its answers and the environment's replies
+back to back, `model_mask` 1 on the model's tokens only (the loss leaves the environment's out), engine
+log-probs 0 on the environment's. Its `text` is the final answer, which the task's verifier (hidden tests)
+scores. An episode also ends when its next turn would not fit `max_context` (counted in `info`, never cut).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.chat import PromptFormat
+from training.environments.base import Environment, step_all
+from training.rollout.base import Completion
+from training.tasksets.schema import Task
+
+
+@dataclass
+class Episode:
+    """One episode: the first prompt, then everything after it as one sequence."""
+
+    task: Task
+    env: Environment | None
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    model_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)  # the model's text, one per turn
+    replies: list[str] = field(default_factory=list)  # the environment's replies shown to the model
+    infos: list[dict[str, Any]] = field(default_factory=list)  # the environment's info after each stepped turn
+    finish_reason: str = "stop"
+    done: bool = False
+    ended_by: str = ""  # "environment", "max_turns", "context" or "single_turn"
+    reward: float | None = None  # set by the trainer once the final answer is scored
+
+    @property
+    def turns(self) -> int:
+        return len(self.answers)
+
+    def add_answer(self, c: Completion) -> None:
+        self.token_ids += c.token_ids
+        self.model_mask += [1] * len(c.token_ids)
+        self.logprobs += list(c.logprobs) if len(c.logprobs) == len(c.token_ids) else [0.0] * len(c.token_ids)
+        self.answers.append(c.text)
+        self.finish_reason = c.finish_reason
+
+    def add_reply(self, reply: str, ids: list[int]) -> None:
+        self.token_ids += ids
+        self.model_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.replies.append(reply)
+
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.token_ids
+
+    def as_completion(self) -> Completion:
+        """The episode as the update sees it: one completion of `prompt_ids`, the final answer as its text."""
+        return Completion(token_ids=list(self.token_ids), text=self.answers[-1] if self.answers else "",
+                          logprobs=list(self.logprobs), finish_reason=self.finish_reason,
+                          model_mask=list(self.model_mask))
+
+    def row(self) -> dict[str, Any]:
+        """A samples-table row: every turn's answer, the tool outputs, how it ended (reward added by callers)."""
+        return {"id": self.task.id, "domain": self.task.domain, "turns": self.turns, "answers": self.answers,
+                "tool_outputs": self.replies, "ended_by": self.ended_by,
+                "statuses": [str(i.get("status", "")) for i in self.infos]}
+
+
+def run_episodes(engine: Any, fmt: PromptFormat, tasks: Sequence[Task],
+                 make_env: Callable[[Task], Environment | None], n_samples: int, max_turns: int,
+                 max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+                 max_context: int | None = None,
+                 turn_seed: Callable[[int], int] | None = None) -> list[list[Episode]]:
+    """`n_samples` episodes of each task, up to `max_turns` answers each; result[i][j] is sample j of task i.
+    Turn t's engine call is seeded by `turn_seed(t)` (default seed for turn 1, seed + t after), so a run is
+    reproducible; temperature 0 is greedy (evaluation)."""
+    if max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+    seed_of = turn_seed or (lambda t: seed if t == 1 else seed + t)
+    groups: list[list[Episode]] = []
+    first_prompts = []
+    for task in tasks:
+        envs = [make_env(task) for _ in range(n_samples)]
+        opening = [fmt.episode_ids(task, env.reset(task)) if env is not None else fmt.prompt_ids(task)
+                   for env in envs]
+        groups.append([Episode(task, env, ids) for env, ids in zip(envs, opening)])
+        first_prompts.append(opening[0])  # the samples of one task share their opening (reset is per task)
+    sampled = engine.generate(first_prompts, n_samples, max_new_tokens, temperature, top_p, seed=seed_of(1))
+    for group, completions in zip(groups, sampled):
+        for ep, c in zip(group, completions):
+            ep.add_answer(c)
+            if ep.env is None:
+                ep.done, ep.ended_by = True, "single_turn"
+    flat = [ep for g in groups for ep in g]
+    for turn in range(2, max_turns + 1):
+        live = [ep for ep in flat if not ep.done]
+        if not live:
+            break
+        steps = step_all([ep.env for ep in live if ep.env is not None], [ep.answers[-1] for ep in live])
+        going = []
+        for ep, st in zip(live, steps):
+            ep.infos.append(st.info)
+            if st.done or st.observation is None:
+                ep.done, ep.ended_by = True, "environment"
+                continue
+            # whether the answer's own tokens end with a stop id (an engine may report "stop" without
+            # returning the stop token): if not, the reply's tokens close the assistant turn first
+            ids = fmt.reply_ids(st.observation, stopped=bool(ep.token_ids) and ep.token_ids[-1] in fmt.stop_ids)
+            if max_context is not None and len(ep.context()) + len(ids) + max_new_tokens > max_context:
+                ep.done, ep.ended_by = True, "context"
+                continue
+            ep.add_reply(st.observation, ids)
+            going.append(ep)
+        if not going:
+            break
+        outs = engine.generate([ep.context() for ep in going], 1, max_new_tokens, temperature, top_p,
+                               seed=seed_of(turn))
+        for ep, out in zip(going, outs):
+            ep.add_answer(out[0])
+    for ep in flat:
+        if not ep.done:
+            ep.done, ep.ended_by = True, "max_turns"
+    return groups
