@@ -9,7 +9,11 @@ the HumanEval evaluation run them. Ours: `sandbox.Pool.run_batch` (pre-started w
 job, full isolation, host-side verdicts). Baseline, measured in the same run: `subprocess.run([python,
 file])` per job on the same program with the same tests as assert lines, with the same concurrency, and
 none of the isolation. The jobs are split into rounds that alternate ours/baseline, so that load from other
-processes on the machine hits both sides alike.
+processes on the machine hits both sides alike. A third side, the floor, is measured in the same rounds: a bare
+fork of this process per job that compiles and runs the program and its asserts and exits, with no isolation,
+no supervision and no result transport: about the least a sandbox that forks one Python per job pays, so its
+ratio says which goals this machine allows at all (a page fault costs microseconds on a VM, and a forked Python
+faults on every page it writes).
 The goals (on the trivial workload): a ratio >= 12x and >= 600 executions/s; --check exits 1 below either.
 """
 
@@ -126,22 +130,42 @@ assert top_k_words('one two two three three three', 3) == [('three', 3), ('two',
 WORKLOADS = {"trivial": [(PROGRAM, ASSERTS)], "humaneval": HUMANEVAL}
 
 
-def measure(workload: str, args: argparse.Namespace) -> tuple[float, float, float, str] | None:
-    """(ours executions/s, baseline executions/s, pool start seconds, isolation level), or None on a failure."""
+def floor_batch(sources: list[str], concurrency: int) -> bool:
+    """Run each source in a bare forked child, at most `concurrency` at once; True when every one exits 0."""
+    running, ok, i = 0, True, 0
+    while i < len(sources) or running:
+        while i < len(sources) and running < concurrency:
+            if os.fork() == 0:
+                try:  # compiled in the child, as a sandbox must compile untrusted code
+                    exec(compile(sources[i], "<job>", "exec"), {"__name__": "__job__"})
+                    os._exit(0)
+                except BaseException:  # noqa: BLE001 - any failure is the child's exit code
+                    os._exit(1)
+            i, running = i + 1, running + 1
+        _, status = os.wait()
+        running -= 1
+        ok = ok and os.waitstatus_to_exitcode(status) == 0
+    return ok
+
+
+def measure(workload: str, args: argparse.Namespace) -> tuple[float, float, float, str, float] | None:
+    """(ours executions/s, baseline executions/s, pool start seconds, isolation level, floor executions/s), or
+    None on a failure."""
     from sandbox import Job, Pool, Status, parse_assert_tests
 
     programs = WORKLOADS[workload]
     per_round = max(1, args.jobs // args.rounds)
     jobs = [Job(programs[i % len(programs)][0], parse_assert_tests(programs[i % len(programs)][1]),
                 id=f"bench-{workload}-{i}") for i in range(per_round)]
-    ours_s = base_s = 0.0
+    ours_s = base_s = floor_s = 0.0
     with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as tmp:
-        files = []
+        files, sources = [], []
         for i in range(per_round):  # written before timing: the baseline is not charged for it
             path = Path(tmp) / f"job_{i}.py"
             program, asserts = programs[i % len(programs)]
             path.write_text(program + "\n" + asserts)
             files.append(str(path))
+            sources.append(program + "\n" + asserts)
 
         def baseline_one(path: str) -> int:
             return subprocess.run([sys.executable, path], capture_output=True).returncode
@@ -168,10 +192,15 @@ def measure(workload: str, args: argparse.Namespace) -> tuple[float, float, floa
                     if any(codes):
                         print("error: baseline jobs failed", file=sys.stderr)
                         return None
+                    t = time.perf_counter()
+                    if not floor_batch(sources, args.concurrency):
+                        print("error: floor jobs failed", file=sys.stderr)
+                        return None
+                    floor_s += time.perf_counter() - t
         finally:
             pool.close()
     n = per_round * args.rounds
-    return n / ours_s, n / base_s, startup, level.value
+    return n / ours_s, n / base_s, startup, level.value, n / floor_s
 
 
 def main() -> int:
@@ -190,7 +219,7 @@ def main() -> int:
         got = measure(workload, args)
         if got is None:
             return 2
-        ours, base, startup, level = got
+        ours, base, startup, level, floor = got
         n = max(1, args.jobs // args.rounds) * args.rounds
         ratio = ours / base
         what = ("2-line function + 3 tests" if workload == "trivial"
@@ -201,6 +230,8 @@ def main() -> int:
         print(f"  pool start (once, not in the rate): {startup:.3f} s")
         print(f"  ours     sandbox.Pool.run_batch:    {ours:8.1f} executions/s  ({1000 / ours:.2f} ms each)")
         print(f"  baseline subprocess.run([python]):  {base:8.1f} executions/s  ({1000 / base:.2f} ms each)")
+        print(f"  floor    bare fork, no isolation:   {floor:8.1f} executions/s  ({1000 / floor:.2f} ms each; "
+              f"{floor / base:.1f}x the baseline: about the most a fork-per-job sandbox gets here)")
         if workload == "trivial":
             below = [f"ratio below {GOAL:g}x"] * (ratio < GOAL) + [f"rate below {GOAL_RATE:g}/s"] * (ours < GOAL_RATE)
             failed = bool(below)

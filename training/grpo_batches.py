@@ -17,6 +17,15 @@ A step's rollouts come in groups: G completions of one prompt. Two layouts give 
 
 `micro_batches` splits a step's groups into micro-batches of whole groups, ordered by length so each is
 padded only to its own longest row; `completion_logprobs` gives log pi(token | prefix) for either layout.
+
+Packing is not free: attention under a 4D mask costs every (query, key) pair of the row, masked or not, and a
+packed row is G completions long, so its attention grows with (P + G*L)^2 against G*L*(P+L) padded. When the
+completions of a group are about equally long (long RL completions that all hit the cap), padding wastes
+nothing and packing only adds attention: by the cost model below, 2.0x the update's FLOPs at G=8, L=512 on
+the 30M benchmark model (benchmarks/qwen2.py), 1.3x at L=128; measured on the 5M one at L=128, forward and
+backward of 4x8 completions took 18.5 s packed against 13.1 s padded (best of 2, one thread, a loaded CPU).
+Given the model's cost per attention pair (`attention_pair_cost`), `micro_batches` lays each micro-batch out
+whichever way costs fewer FLOPs (`packing_pays`).
 """
 
 from __future__ import annotations
@@ -200,6 +209,32 @@ def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | Non
     return torch.cat([first, rest[:, :-1]], dim=1)  # (N, L, V)
 
 
+def attention_pair_cost(model: Any) -> float:
+    """FLOPs of one (query, key) attention pair over all layers, relative to one token through the model
+    (its linear layers and the vocabulary projection): 4*h*layers / (2*params). 0 when the config is unknown."""
+    config = getattr(model, "config", None)
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    if not hidden or not layers:
+        return 0.0
+    params = sum(p.numel() for p in model.parameters())  # tied embeddings count once: the output projection
+    return 4.0 * hidden * layers / (2.0 * max(1, params))
+
+
+def packing_pays(prompt_lens: Sequence[int], completion_lens: Sequence[Sequence[int]], pair_cost: float) -> bool:
+    """Whether the packed layout of these groups costs fewer FLOPs than the padded one, in token units:
+    packed:  R rows of T = max(P + sum L) tokens, T^2 attention pairs each (the 4D mask hides nothing);
+    padded:  the prompts once (B x P), then N = B*G rows of L = max(L) tokens attending to P + L keys."""
+    R = len(prompt_lens)
+    T = max(p + sum(c) for p, c in zip(prompt_lens, completion_lens))
+    packed = R * (T + pair_cost * T * T)
+    P = max(prompt_lens)
+    L = max(max(c) for c in completion_lens)
+    N = sum(len(c) for c in completion_lens)
+    padded = R * (P + pair_cost * P * P) + N * (L + pair_cost * L * (P + L))
+    return packed <= padded
+
+
 def takes_4d_mask(model: Any) -> bool:
     """Whether the model's attention accepts the packed layout's 4D mask (flash-attention kernels do not)."""
     return getattr(getattr(model, "config", None), "_attn_implementation", None) in (None, "eager", "sdpa")
@@ -207,10 +242,12 @@ def takes_4d_mask(model: Any) -> bool:
 
 def micro_batches(tokenizer: Any, prompts: Sequence[Prompt], groups: list[list[Completion]],
                   advantages: torch.Tensor, device: torch.device, size: int, packed: bool = True,
-                  dtype: torch.dtype = torch.float32) -> list[RolloutBatch | PackedGroups]:
+                  dtype: torch.dtype = torch.float32, pair_cost: float = 0.0) -> list[RolloutBatch | PackedGroups]:
     """Split a step's groups (prompts[g] with its completions groups[g]; advantages (N,) group-major) into
     micro-batches of about `size` completions (0 = one micro-batch), whole groups only, ordered by length so
-    each is padded only to its own longest row. The loss is a sum over completions, so order is free."""
+    each is padded only to its own longest row. The loss is a sum over completions, so order is free.
+    With `packed` and a `pair_cost` > 0 (attention_pair_cost), each micro-batch is packed only where that
+    costs fewer FLOPs than padding (packing_pays); pair_cost 0 packs every micro-batch."""
     G = len(groups[0])
     p_ids = prompt_ids(tokenizer, prompts)
     tokens = [[c.token_ids for c in g] for g in groups]
@@ -222,15 +259,16 @@ def micro_batches(tokenizer: Any, prompts: Sequence[Prompt], groups: list[list[C
         chosen = order[k:k + per]
         adv = advantages[[g * G + j for g in chosen for j in range(G)]]
         batch: RolloutBatch | PackedGroups
-        if packed:
-            flat = [c for g in chosen for c in groups[g]]
+        flat = [c for g in chosen for c in groups[g]]
+        if packed and (not pair_cost or packing_pays([len(p_ids[g]) for g in chosen],
+                                                      [[len(t) for t in tokens[g]] for g in chosen], pair_cost)):
             longest = max(1, max(len(c.token_ids) for c in flat))
             packed_batch = pack_groups([p_ids[g] for g in chosen], [tokens[g] for g in chosen], adv,
                                        tokenizer.pad_token_id, device, dtype, loss_masks=model_masks(flat, longest))
             packed_batch.engine_logprobs = engine_logprobs(flat, packed_batch.completion_ids.shape[1]).to(device)
             batch = packed_batch
         else:
-            batch = build_batch(tokenizer, [p_ids[g] for g in chosen for _ in range(G)],
-                                [c for g in chosen for c in groups[g]], adv, device, group_size=G)
+            batch = build_batch(tokenizer, [p_ids[g] for g in chosen for _ in range(G)], flat, adv, device,
+                                group_size=G)
         out.append(batch)
     return out

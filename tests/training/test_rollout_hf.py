@@ -151,3 +151,38 @@ def test_inverse_cdf_sampling_matches_the_distribution() -> None:
     assert int((draws == 1).sum()) == 0  # a zero-probability token is never drawn
     nucleus = _top_p(torch.tensor([0.5, 0.3, 0.15, 0.05]).log().repeat(20_000, 1), 0.7)
     assert set(_sample(nucleus).unique().tolist()) == {0, 1}
+
+
+def test_reserved_cache_gives_the_concatenating_cache_s_logits_exactly(tiny_model) -> None:
+    import copy
+
+    from training.kv_cache import cache_kwarg, cache_of, reserve_cache, select_cache_rows
+
+    model, _ = tiny_model
+    torch.manual_seed(0)
+    ids = torch.randint(5, 290, (4, 9))  # (B, P)
+    attn = torch.ones_like(ids)
+    attn[0, :3] = 0  # a left-padded prompt
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    kw = cache_kwarg(model)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        plain = cache_of(out)
+        reserved = copy.deepcopy(plain)
+        assert reserve_cache(reserved, 3)
+        assert not reserve_cache(object(), 3)  # an unknown layout is left alone
+        next_pos = pos[:, -1] + 1
+        for t in range(6):  # a row dropped at step 2; steps 3.. run past the reservation of 3 tokens
+            tok = torch.randint(5, 290, (attn.shape[0], 1))
+            if t == 2:
+                keep = torch.tensor([0, 2, 3])
+                assert select_cache_rows(plain, keep) and select_cache_rows(reserved, keep)
+                attn, next_pos, tok = attn[keep], next_pos[keep], tok[keep]
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            a = model(input_ids=tok, attention_mask=attn, position_ids=next_pos[:, None], use_cache=True,
+                      **{kw: plain})
+            b = model(input_ids=tok, attention_mask=attn, position_ids=next_pos[:, None], use_cache=True,
+                      **{kw: reserved})
+            plain, reserved, next_pos = cache_of(a), cache_of(b), next_pos + 1
+            assert torch.equal(a.logits, b.logits), t
+            assert torch.equal(plain.layers[0].keys, reserved.layers[0].keys), t

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from training.kv_cache import cache_kwarg, cache_of, select_cache_rows
+from training.kv_cache import cache_kwarg, cache_of, reserve_cache, select_cache_rows
 from training.rollout.base import Completion, Prompt, left_pad, prompt_ids
 
 
@@ -119,6 +119,7 @@ class HFRolloutEngine:
                 ids, attn, pos = ids[rows], attn[rows], pos[rows]
                 out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
                 past, logits, next_pos = cache_of(out), out.logits[:, -1], pos[:, -1] + 1
+        reserve_cache(past, max_new_tokens)  # each step writes its token in place instead of copying the cache
         N = logits.shape[0]
         tokens = torch.full((N, max_new_tokens), pad, dtype=torch.long, device=dev)  # (N, L)
         logps = torch.zeros((N, max_new_tokens), device=dev)  # (N, L)

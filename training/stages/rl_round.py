@@ -37,7 +37,14 @@ from training.chat import PromptFormat
 from training.config import ConfigBase
 from training.curriculum import Curriculum, domain_counts, pick_prompts
 from training.devices import resolve_device
-from training.grpo_batches import PackedGroups, RolloutBatch, completion_logprobs, micro_batches, takes_4d_mask
+from training.grpo_batches import (
+    PackedGroups,
+    RolloutBatch,
+    attention_pair_cost,
+    completion_logprobs,
+    micro_batches,
+    takes_4d_mask,
+)
 from training.lora import LoraSettings, apply_lora, is_lora, merged_state_dict, reference_mode
 from training.optimizers import adamw
 from training.phases import PhaseTimer
@@ -82,6 +89,11 @@ class GRPOConfig(ConfigBase):
     packed_groups:      lay each group out as one row (the prompt once, its completions back to back, a
                         block attention mask) instead of one padded row per completion: ~3x fewer tokens
                         through the model in the update (training.grpo_batches). Needs eager or sdpa attention.
+    pack_where_cheaper: with packed_groups, pack a micro-batch only where that costs fewer FLOPs than padding
+                        (training.grpo_batches.packing_pays): completions about equally long (long ones that
+                        all hit the cap) are padded, since packed attention grows with the square of the whole
+                        group. False packs every micro-batch (the tiny profile, whose lift figures were
+                        measured that way).
     dynamic_sampling:   drop zero-variance groups and refill (DAPO); bounded by `max_sampling_batches`.
     min_informative:    fraction of prompts_per_step that must be informative groups before the update runs
                         (fewer after max_sampling_batches draws: update on what there is, or skip if none).
@@ -159,6 +171,7 @@ class GRPOConfig(ConfigBase):
     updates_per_batch: int = 1
     micro_batch_size: int = 64
     packed_groups: bool = True
+    pack_where_cheaper: bool = True
     dynamic_sampling: bool = True
     min_informative: float = 0.5
     max_sampling_batches: int = 3
@@ -419,6 +432,7 @@ class Round:
     trainer: Any = None  # the module the update runs through: DDP around `model`, or `model` (FSDP, 1 process)
     rollout_model: Any = None  # what the hf engine samples from: `model`, or a full replica under FSDP
     timer: PhaseTimer = field(default_factory=PhaseTimer)  # the current step's time per phase (time/<phase>_s)
+    pair_cost: float = 0.0  # attention cost per (query, key) pair: packs a micro-batch only where that pays
 
     @classmethod
     def build(cls, cfg: GRPOConfig, round_: int, model: Any, tokenizer: Any, ref_model: Any | None,
@@ -447,7 +461,7 @@ class Round:
         return cls(cfg, round_, model, tokenizer, ref_model, optimizer, engine, pool, curriculum, device, fmt,
                    engine_name, resolve_precision(cfg.precision, device), dropped,
                    trainer=model if trainer is None else trainer, rollout_model=rollout_model,
-                   timer=PhaseTimer(sync=sync))
+                   timer=PhaseTimer(sync=sync), pair_cost=attention_pair_cost(model))
 
     def sync_rollout_weights(self) -> float | None:
         """Give the rollout engine the newest policy; seconds taken, or None when it already samples from the
@@ -547,7 +561,8 @@ class Round:
             return micro_batches(self.tokenizer, [self.opening_ids(kept[i][0]) for i in idx],
                                  [kept[i][1] for i in idx], adv[idx].flatten(), self.device, cfg.micro_batch_size,
                                  cfg.packed_groups and takes_4d_mask(self.model),
-                                 next(self.model.parameters()).dtype)
+                                 next(self.model.parameters()).dtype,
+                                 pair_cost=self.pair_cost if cfg.pack_where_cheaper else 0.0)
 
         if distributed.world_size() == 1:
             return chunked(list(range(len(kept)))), None
