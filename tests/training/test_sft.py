@@ -176,4 +176,13 @@ def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_
         assert rest == f"{step.observation}\n{task.reference}"  # exactly the reply RL and evaluation show
     rng = __import__("random").Random(0)
     assert near_miss("def f(x): return x*3+45", rng) != "def f(x): return x*3+45"
+    # the task read the other way, or a constant a little off: both kinds are drawn
+    drawn = {near_miss("def f(x): return x+45", rng) for _ in range(40)}
+    assert "def f(x): return x-45" in drawn and "def f(x): return x+44" in drawn
+    assert near_miss("def f(s): return s.upper()", rng) == "def f(s): return s.lower()"
+    assert near_miss("def f(s): return s[2:]", rng) in {"def f(s): return s[:-2]"} | {
+        f"def f(s): return s[{k}:]" for k in (0, 1, 3, 4, 5)}
+    assert {near_miss("def f(s): return s+'#'", rng) for _ in range(40)} >= {"def f(s): return '#'+s"}
+    assert near_miss("def f(xs): return sorted(xs,reverse=True)", rng) == "def f(xs): return sorted(xs)"
+    assert near_miss("def f(s): return s", rng) == "def f(s): return None"
     assert repair_examples(fmt, tasks, 0.0, 400, 0) == []

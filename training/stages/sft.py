@@ -270,24 +270,54 @@ def long_context_examples(fmt: PromptFormat, tasks: list[Task], share: float, fr
     return out
 
 
+# Mistakes that read the task the other way: a sign, an operator, a case, a slice's side, an order, a
+# comparison, which end a string goes on. Each pair is applied in both directions to the function's body.
+_FLIPS: list[tuple[str, str]] = [
+    (r"(?<=[\w)\]])\+(?=[\w(\[])", "-"), (r"(?<=[\w)\]])-(?=[\w(\[])", "+"),
+    (r"(?<=[\w)\]])\*(?=[\w(\[])", "//"), (r"(?<=[\w)\]])//(?=[\w(\[])", "*"),
+    (r"\.upper\(\)", ".lower()"), (r"\.lower\(\)", ".upper()"),
+    (r"\[(\d+):\]", r"[:-\1]"), (r"\[:-(\d+)\]", r"[\1:]"),
+    (r"sorted\((\w+)\)", r"sorted(\1,reverse=True)"), (r"sorted\((\w+),reverse=True\)", r"sorted(\1)"),
+    (r"\bmax\(", "min("), (r"\bmin\(", "max("), (r"(?<=\w)>(?=\w)", "<"), (r"(?<=\w)<(?=\w)", ">"),
+    (r"^(\w+)\+('.')$", r"\2+\1"), (r"^('.')\+(\w+)$", r"\2+\1"),
+]
+
+
 def near_miss(reference: str, rng: random.Random) -> str:
-    """A wrong attempt close to `reference`, the kind a model makes: one integer literal off by 1-3, else one
-    quoted character changed, else the body returning None."""
+    """A wrong attempt close to `reference`, the kinds of mistake a model makes, one kind drawn at random among
+    those the reference allows: the task read the other way (a flipped sign or operator, the other case, the
+    other end of a slice or string, the reverse order: _FLIPS), one integer literal off by 1-3, or one quoted
+    character changed; else the body returning None."""
     import re
 
-    numbers = list(re.finditer(r"(?<![\w.])\d+", reference.split(":", 1)[-1]))
-    offset = len(reference.split(":", 1)[0]) + 1 if ":" in reference else 0
+    head, sep, body = reference.partition(":")
+    if not sep:
+        head, body = "", reference
+    prefix = f"{head}:" if sep else ""
+    code = body.lstrip()
+    lead = body[:len(body) - len(code)]
+    stem = code[len("return "):] if code.startswith("return ") else None
+    kinds: list[list[str]] = []
+    if stem is not None:
+        flips = [f"return {re.sub(pat, rep, stem, count=1)}" for pat, rep in _FLIPS if re.search(pat, stem)]
+        flips = [f for f in dict.fromkeys(flips) if f != code]
+        if flips:
+            kinds.append(flips)
+    numbers = list(re.finditer(r"(?<![\w.])\d+", code))
     if numbers:
-        m = rng.choice(numbers)
-        value = int(m.group()) + rng.choice([-3, -2, -1, 1, 2, 3])
-        start, end = m.start() + offset, m.end() + offset
-        return reference[:start] + str(max(0, value)) + reference[end:]
-    quoted = list(re.finditer(r"'(.)'", reference))
+        options = []
+        for m in numbers:
+            for delta in (-3, -2, -1, 1, 2, 3):
+                options.append(code[:m.start()] + str(max(0, int(m.group()) + delta)) + code[m.end():])
+        kinds.append([o for o in options if o != code])
+    quoted = list(re.finditer(r"'(.)'", code))
     if quoted:
-        m = rng.choice(quoted)
-        return reference[:m.start(1)] + rng.choice([c for c in "abcdefxyz" if c != m.group(1)]) + reference[m.end(1):]
-    head = reference.split(":", 1)[0]
-    return f"{head}: return None"
+        kinds.append([code[:m.start(1)] + c + code[m.end(1):] for m in quoted for c in "abcdefxyz"
+                      if c != m.group(1)])
+    kinds = [k for k in kinds if k]
+    if not kinds:
+        return f"{head}: return None" if sep else "return None"
+    return prefix + lead + rng.choice(rng.choice(kinds))
 
 
 def repair_examples(fmt: PromptFormat, tasks: list[Task], share: float, max_seq_len: int,
