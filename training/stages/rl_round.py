@@ -93,7 +93,8 @@ class GRPOConfig(ConfigBase):
                         (training.grpo_batches.packing_pays): completions about equally long (long ones that
                         all hit the cap) are padded, since packed attention grows with the square of the whole
                         group. False packs every micro-batch (the tiny profile, whose lift figures were
-                        measured that way).
+                        measured that way); so does FSDP over several ranks, whose ranks must run the same
+                        forwards.
     dynamic_sampling:   drop zero-variance groups and refill (DAPO); bounded by `max_sampling_batches`.
     min_informative:    fraction of prompts_per_step that must be informative groups before the update runs
                         (fewer after max_sampling_batches draws: update on what there is, or skip if none).
@@ -562,7 +563,13 @@ class Round:
                                  [kept[i][1] for i in idx], adv[idx].flatten(), self.device, cfg.micro_batch_size,
                                  cfg.packed_groups and takes_4d_mask(self.model),
                                  next(self.model.parameters()).dtype,
-                                 pair_cost=self.pair_cost if cfg.pack_where_cheaper else 0.0)
+                                 pair_cost=self.pair_cost if choose_layout else 0.0)
+
+        # Under FSDP every rank must run the same sequence of forwards (each one all-gathers the parameters):
+        # a padded micro-batch runs the prompts and the completions as two forwards, a packed one as one, and
+        # ranks choosing differently deadlock. So FSDP packs every micro-batch.
+        choose_layout = cfg.pack_where_cheaper and not (distributed.world_size() > 1
+                                                        and cfg.parallel.strategy == "fsdp")
 
         if distributed.world_size() == 1:
             return chunked(list(range(len(kept)))), None
