@@ -163,9 +163,9 @@ def measure(workload: str, args: argparse.Namespace) -> tuple[float, float, floa
         for i in range(per_round):  # written before timing: the baseline is not charged for it
             path = Path(tmp) / f"job_{i}.py"
             program, asserts = programs[i % len(programs)]
-            path.write_text(program + "\n" + asserts)
-            files.append(str(path))
             sources.append(program + "\n" + asserts)
+            path.write_text(sources[-1])
+            files.append(str(path))
 
         def baseline_one(path: str) -> int:
             return subprocess.run([sys.executable, path], capture_output=True).returncode

@@ -182,7 +182,7 @@ def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_
     assert near_miss("def f(s): return s.upper()", rng) == "def f(s): return s.lower()"
     assert near_miss("def f(s): return s[2:]", rng) in {"def f(s): return s[:-2]"} | {
         f"def f(s): return s[{k}:]" for k in (0, 1, 3, 4, 5)}
-    assert {near_miss("def f(s): return s+'#'", rng) for _ in range(40)} >= {"def f(s): return '#'+s"}
+    assert "def f(s): return '#'+s" in {near_miss("def f(s): return s+'#'", rng) for _ in range(40)}
     assert near_miss("def f(xs): return sorted(xs,reverse=True)", rng) == "def f(xs): return sorted(xs)"
     assert near_miss("def f(s): return s", rng) == "def f(s): return None"
     assert repair_examples(fmt, tasks, 0.0, 400, 0) == []

@@ -433,7 +433,7 @@ class Round:
     trainer: Any = None  # the module the update runs through: DDP around `model`, or `model` (FSDP, 1 process)
     rollout_model: Any = None  # what the hf engine samples from: `model`, or a full replica under FSDP
     timer: PhaseTimer = field(default_factory=PhaseTimer)  # the current step's time per phase (time/<phase>_s)
-    pair_cost: float = 0.0  # attention cost per (query, key) pair: packs a micro-batch only where that pays
+    pair_cost: float = 0.0  # attention cost per (query, key) pair: packs a micro-batch only where that pays (0: all)
 
     @classmethod
     def build(cls, cfg: GRPOConfig, round_: int, model: Any, tokenizer: Any, ref_model: Any | None,
@@ -459,10 +459,15 @@ class Round:
         curriculum = Curriculum((low, high), cfg.curriculum_floor, cfg.curriculum_ema)
         # kernels run asynchronously on CUDA: sync at phase boundaries, or a phase is charged its predecessor's work
         sync = torch.cuda.synchronize if device.type == "cuda" else None
+        # Under FSDP every rank must run the same sequence of forwards (each one all-gathers the parameters):
+        # a padded micro-batch runs the prompts and the completions as two forwards, a packed one as one, and
+        # ranks choosing differently deadlock. So FSDP over several ranks packs every micro-batch.
+        choose_layout = cfg.pack_where_cheaper and not (distributed.world_size() > 1
+                                                        and cfg.parallel.strategy == "fsdp")
         return cls(cfg, round_, model, tokenizer, ref_model, optimizer, engine, pool, curriculum, device, fmt,
                    engine_name, resolve_precision(cfg.precision, device), dropped,
                    trainer=model if trainer is None else trainer, rollout_model=rollout_model,
-                   timer=PhaseTimer(sync=sync), pair_cost=attention_pair_cost(model))
+                   timer=PhaseTimer(sync=sync), pair_cost=attention_pair_cost(model) if choose_layout else 0.0)
 
     def sync_rollout_weights(self) -> float | None:
         """Give the rollout engine the newest policy; seconds taken, or None when it already samples from the
@@ -563,13 +568,7 @@ class Round:
                                  [kept[i][1] for i in idx], adv[idx].flatten(), self.device, cfg.micro_batch_size,
                                  cfg.packed_groups and takes_4d_mask(self.model),
                                  next(self.model.parameters()).dtype,
-                                 pair_cost=self.pair_cost if choose_layout else 0.0)
-
-        # Under FSDP every rank must run the same sequence of forwards (each one all-gathers the parameters):
-        # a padded micro-batch runs the prompts and the completions as two forwards, a packed one as one, and
-        # ranks choosing differently deadlock. So FSDP packs every micro-batch.
-        choose_layout = cfg.pack_where_cheaper and not (distributed.world_size() > 1
-                                                        and cfg.parallel.strategy == "fsdp")
+                                 pair_cost=self.pair_cost)
 
         if distributed.world_size() == 1:
             return chunked(list(range(len(kept)))), None

@@ -271,7 +271,7 @@ def long_context_examples(fmt: PromptFormat, tasks: list[Task], share: float, fr
 
 
 # Mistakes that read the task the other way: a sign, an operator, a case, a slice's side, an order, a
-# comparison, which end a string goes on. Each pair is applied in both directions to the function's body.
+# comparison, which end a string goes on. Each flip is listed both ways; one applies to the returned expression.
 _FLIPS: list[tuple[str, str]] = [
     (r"(?<=[\w)\]])\+(?=[\w(\[])", "-"), (r"(?<=[\w)\]])-(?=[\w(\[])", "+"),
     (r"(?<=[\w)\]])\*(?=[\w(\[])", "//"), (r"(?<=[\w)\]])//(?=[\w(\[])", "*"),
@@ -291,18 +291,14 @@ def near_miss(reference: str, rng: random.Random) -> str:
     import re
 
     head, sep, body = reference.partition(":")
-    if not sep:
-        head, body = "", reference
-    prefix = f"{head}:" if sep else ""
+    prefix, body = (head + sep, body) if sep else ("", reference)
     code = body.lstrip()
-    lead = body[:len(body) - len(code)]
-    stem = code[len("return "):] if code.startswith("return ") else None
+    prefix += body[:len(body) - len(code)]  # the signature and the indentation, kept as they are
     kinds: list[list[str]] = []
-    if stem is not None:
-        flips = [f"return {re.sub(pat, rep, stem, count=1)}" for pat, rep in _FLIPS if re.search(pat, stem)]
-        flips = [f for f in dict.fromkeys(flips) if f != code]
-        if flips:
-            kinds.append(flips)
+    if code.startswith("return "):
+        stem = code[len("return "):]
+        kinds.append([f for f in dict.fromkeys(f"return {re.sub(pat, rep, stem, count=1)}"
+                                               for pat, rep in _FLIPS if re.search(pat, stem)) if f != code])
     numbers = list(re.finditer(r"(?<![\w.])\d+", code))
     if numbers:
         options = []
@@ -317,7 +313,7 @@ def near_miss(reference: str, rng: random.Random) -> str:
     kinds = [k for k in kinds if k]
     if not kinds:
         return f"{head}: return None" if sep else "return None"
-    return prefix + lead + rng.choice(rng.choice(kinds))
+    return prefix + rng.choice(rng.choice(kinds))
 
 
 def repair_examples(fmt: PromptFormat, tasks: list[Task], share: float, max_seq_len: int,
