@@ -3,7 +3,11 @@
 Two implementations with the same results for greedy decoding (tested): `impl="loop"` (default), a plain
 decode loop over the model's forward with its KV cache (`past_key_values`), and `impl="generate"`, transformers'
 `model.generate`. For small models the loop is ~2x faster: generate's per-token bookkeeping (logits processors,
-stopping criteria, input preparation) costs more than the forward pass itself.
+stopping criteria, input preparation) costs more than the forward pass itself. For Llama-family models (Llama,
+Qwen2, Qwen3, Mistral) the loop's per-token steps go through `training.rollout.lean_decode` (the same arithmetic
+without transformers' per-call machinery, against a preallocated key/value buffer; `lean=False` turns it off):
+measured 1.5x `generate` at 128-token and 2.7x at 512-token completions on a 5M-parameter Qwen2 on a CPU
+(`benchmarks/qwen2.py --parts rollout`).
 
 The engine shares the trainer's model object, so `update_weights` is only needed when the weights come from
 elsewhere (a state dict or a saved folder). Sampling is seeded: the same (prompts, n_samples, seed) on the same
@@ -20,14 +24,16 @@ import torch
 
 from training.kv_cache import cache_kwarg, cache_of, reserve_cache, select_cache_rows
 from training.rollout.base import Completion, Prompt, left_pad, prompt_ids
+from training.rollout.lean_decode import LeanDecoder
 
 
 class HFRolloutEngine:
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 256, device: str | None = None,
-                 impl: str = "loop", stop_ids: Sequence[int] | None = None) -> None:
+                 impl: str = "loop", stop_ids: Sequence[int] | None = None, lean: bool = True) -> None:
         if impl not in ("loop", "generate"):
             raise ValueError(f"impl {impl!r}: use 'loop' or 'generate'")
         self.impl = impl
+        self.lean = lean  # the loop's per-token steps through LeanDecoder where the architecture allows
         self.model = model
         self.tokenizer = tokenizer
         self.stop_ids = list(stop_ids) if stop_ids else [tokenizer.eos_token_id]
@@ -119,7 +125,13 @@ class HFRolloutEngine:
                 ids, attn, pos = ids[rows], attn[rows], pos[rows]
                 out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
                 past, logits, next_pos = cache_of(out), out.logits[:, -1], pos[:, -1] + 1
-        reserve_cache(past, max_new_tokens)  # each step writes its token in place instead of copying the cache
+        lean = None
+        if self.lean and LeanDecoder.supports(self.model, attn.shape[1] + max_new_tokens):
+            lean = LeanDecoder.from_cache(self.model, past, attn, max_new_tokens)
+        if lean is not None:
+            past = None  # the decoder holds its own copy of the keys and values
+        else:
+            reserve_cache(past, max_new_tokens)  # each step writes its token in place instead of copying the cache
         N = logits.shape[0]
         tokens = torch.full((N, max_new_tokens), pad, dtype=torch.long, device=dev)  # (N, L)
         logps = torch.zeros((N, max_new_tokens), device=dev)  # (N, L)
@@ -137,8 +149,14 @@ class HFRolloutEngine:
                 break
             if not bool(running.all()):  # drop finished rows from the batch and the KV cache
                 keep = torch.nonzero(running).squeeze(-1)  # (A',)
-                if select_cache_rows(past, keep):  # an unknown cache layout keeps every row
+                if lean is not None:
+                    lean.keep(keep)
+                    active, tok, next_pos = active[keep], tok[keep], next_pos[keep]
+                elif select_cache_rows(past, keep):  # an unknown cache layout keeps every row
                     active, tok, attn, next_pos = active[keep], tok[keep], attn[keep], next_pos[keep]
+            if lean is not None:
+                logits, next_pos = lean.step(tok, next_pos), next_pos + 1
+                continue
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)  # (A, P+t+1)
             out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos.unsqueeze(-1),
                              use_cache=True, **{cache_kw: past})

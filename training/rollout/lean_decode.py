@@ -1,0 +1,186 @@
+"""A lean decode step for Llama-family models (Llama, Qwen2, Qwen3, Mistral): one new token per row through the
+model's own weights, without transformers' per-call machinery.
+
+Why: at the sizes the rollout loop runs on a CPU (and for small models on a GPU), a cached decode step of
+`model(...)` spends more time in bookkeeping than in arithmetic: building the 4-D causal mask, dispatching the
+attention interface, growing the cache, returning output objects. This does the same arithmetic with ~30
+tensor ops per layer: q/k/v in one matmul and gate/up in another (weights concatenated once per rollout), rotary
+embeddings from the model's own `inv_freq`, grouped-query attention as batched matmuls straight against a
+preallocated key/value buffer (no repeated heads, no copy of the cache per token), the 2-D padding mask applied
+directly.
+
+The prompt is still prefilled by the model's own forward (any length, any attention implementation), and its
+cache is copied into the buffers; only the per-token steps take this path. It reads the weights in place, so it
+always decodes with the weights the trainer holds. `LeanDecoder.supports(model)` says whether a model is one
+it knows: the exact module layout of these architectures, plain `nn.Linear` projections (a LoRA-wrapped or
+quantised layer is not), no sharded parameters, rotary embeddings that do not change with the length, no
+sliding window shorter than the rollout. Anything else keeps the model's own forward.
+
+Numerics follow transformers' modelling code (RMSNorm in float32, softmax in float32); the logits agree with
+`model(...)` to float rounding (tested).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load time (not "dynamic")
+
+
+def _rope_type(config: Any) -> str:
+    for name in ("rope_parameters", "rope_scaling"):
+        params = getattr(config, name, None)
+        if isinstance(params, dict):
+            return str(params.get("rope_type", params.get("type", "default")))
+    return "default"
+
+
+class LeanDecoder:
+    """Decode state for one rollout chunk: the key/value buffers (A, H_kv, T, d) per layer, the padding mask
+    (A, T) and the fused weights. Build it from the prefilled cache with `from_cache`, then call `step` once per
+    new token and `keep` when rows finish."""
+
+    @staticmethod
+    def supports(model: Any, total_len: int = 0) -> bool:
+        config = getattr(model, "config", None)
+        inner = getattr(model, "model", None)
+        if config is None or inner is None or getattr(config, "model_type", None) not in ARCHITECTURES:
+            return False
+        if type(model).__name__ not in (f"{n}ForCausalLM" for n in ("Llama", "Qwen2", "Qwen3", "Mistral")):
+            return False  # a peft wrapper or any other head
+        if _rope_type(config) not in _STATIC_ROPE or getattr(config, "hidden_act", "silu") != "silu":
+            return False
+        window = getattr(config, "sliding_window", None)
+        uses_window = getattr(config, "use_sliding_window", True) and any(
+            t == "sliding_attention" for t in getattr(config, "layer_types", None) or ["sliding_attention"])
+        if window and uses_window and window < total_len:
+            return False
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # pragma: no cover - torch without distributed
+            DTensor = ()  # type: ignore[assignment,misc]
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+            if any(type(m) is not torch.nn.Linear for m in linears):
+                return False
+        if any(isinstance(p, DTensor) for p in model.parameters()):
+            return False
+        return type(model.lm_head) is torch.nn.Linear
+
+    def __init__(self, model: Any, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor,
+                 length: int) -> None:
+        """keys/values: per layer (A, H_kv, P, d), the prefilled prompt; mask: (A, P) bool, False on padding;
+        length: room for this many new tokens."""
+        inner = model.model
+        self.model, self.inner = model, inner
+        self.layers = list(inner.layers[: model.config.num_hidden_layers])
+        first = self.layers[0].self_attn
+        self.head_dim = first.head_dim
+        self.heads = model.config.num_attention_heads
+        self.kv_heads = model.config.num_key_value_heads
+        self.scaling = first.scaling
+        rotary = inner.rotary_emb
+        self.inv_freq = rotary.inv_freq.float()  # (d/2,)
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        A, P = mask.shape
+        self.filled = P
+        total = P + length
+        self.k = [k.new_empty((A, self.kv_heads, total, self.head_dim)) for k in keys]  # (A, H_kv, T, d)
+        self.v = [v.new_empty((A, self.kv_heads, total, self.head_dim)) for v in values]
+        for buf, src in zip(self.k + self.v, keys + values):
+            buf[:, :, :P] = src
+        self.mask = torch.zeros((A, total), dtype=torch.bool, device=mask.device)  # (A, T)
+        self.mask[:, :P] = mask.bool()
+        self.fuse()
+
+    @classmethod
+    def from_cache(cls, model: Any, cache: Any, mask: torch.Tensor, length: int) -> LeanDecoder | None:
+        """From a transformers cache with per-layer `keys`/`values` (A, H_kv, P, d); None for another layout."""
+        layers = getattr(cache, "layers", None)
+        if not layers or not all(isinstance(getattr(layer, "keys", None), torch.Tensor) for layer in layers):
+            return None
+        keys, values = [layer.keys for layer in layers], [layer.values for layer in layers]
+        if any(k.dim() != 4 or k.shape[-2] != mask.shape[1] for k in keys):
+            return None
+        return cls(model, keys, values, mask, length)
+
+    def fuse(self) -> None:
+        """Concatenate each layer's q/k/v and gate/up weights (call again after the weights change)."""
+        self.fused = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
+            biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+            qkv_b = None
+            if any(b is not None for b in biases):
+                qkv_b = torch.cat([b if b is not None else qkv_w.new_zeros(m.out_features)
+                                   for b, m in zip(biases, (attn.q_proj, attn.k_proj, attn.v_proj))]).detach()
+            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+            self.fused.append((qkv_w, qkv_b, gate_up))
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (A',) of the batch (finished rows leave)."""
+        self.k = [k.index_select(0, rows) for k in self.k]
+        self.v = [v.index_select(0, rows) for v in self.v]
+        self.mask = self.mask.index_select(0, rows)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens (A,), positions (A,) their rotary positions; returns the next-token logits (A, V)."""
+        A, t = tokens.shape[0], self.filled
+        if t >= self.mask.shape[1]:
+            raise RuntimeError(f"lean decode: the buffers hold {t} tokens and are full")
+        self.mask[:, t] = True
+        mask = self.mask[:, None, None, : t + 1]  # (A, 1, 1, T')
+        h = self.inner.embed_tokens(tokens)  # (A, D)
+        freqs = positions.float()[:, None] * self.inv_freq  # (A, d/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (A, d)
+        cos = (emb.cos() * self.rope_scale).to(h.dtype)[:, None, :]  # (A, 1, d)
+        sin = (emb.sin() * self.rope_scale).to(h.dtype)[:, None, :]
+        hq, hk, d = self.heads, self.kv_heads, self.head_dim
+        groups = hq // hk
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            qkv_w, qkv_b, gate_up = self.fused[i]
+            x = _rms(h, layer.input_layernorm)
+            qkv = F.linear(x, qkv_w, qkv_b)  # (A, (hq + 2 hk) d)
+            q = qkv[:, : hq * d].view(A, hq, d)
+            k = qkv[:, hq * d: (hq + hk) * d].view(A, hk, d)
+            v = qkv[:, (hq + hk) * d:].view(A, hk, d)
+            if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm per head before the rotation
+                q, k = _rms(q, attn.q_norm), _rms(k, attn.k_norm)
+            q = q * cos + _rotate_half(q) * sin  # (A, hq, d)
+            k = k * cos + _rotate_half(k) * sin  # (A, hk, d)
+            self.k[i][:, :, t] = k
+            self.v[i][:, :, t] = v
+            keys, vals = self.k[i][:, :, : t + 1], self.v[i][:, :, : t + 1]  # (A, hk, T', d)
+            # grouped-query attention without repeating heads: a group's query heads are the "query positions"
+            # of its one key/value head (measured ~20% faster on a CPU than enable_gqa or explicit matmuls)
+            out = F.scaled_dot_product_attention(q.view(A, hk, groups, d), keys, vals, attn_mask=mask,
+                                                 scale=self.scaling).reshape(A, hq * d)  # (A, hq d)
+            h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            x = _rms(h, layer.post_attention_layernorm)
+            gu = F.linear(x, gate_up)  # (A, 2 I)
+            gate, up = gu.chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight, layer.mlp.down_proj.bias)
+        self.filled = t + 1
+        h = _rms(h, self.inner.norm)
+        return F.linear(h, self.model.lm_head.weight, self.model.lm_head.bias)  # (A, V)
+
+
+def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    """transformers' RMSNorm: normalise in float32, cast back, then scale."""
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * xf.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
