@@ -18,7 +18,7 @@ def build(kind: str, **extra):
     config = {
         "llama": lambda: transformers.LlamaConfig(**common),
         "llama3-rope": lambda: transformers.LlamaConfig(
-            **common, attention_bias=True,
+            **common, attention_bias=True, mlp_bias=True,
             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                           "original_max_position_embeddings": 64}),
         "qwen2": lambda: transformers.Qwen2Config(**common),
@@ -29,8 +29,13 @@ def build(kind: str, **extra):
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "apart"])
 @pytest.mark.parametrize("kind", ["llama", "llama3-rope", "qwen2", "qwen3", "mistral"])
-def test_steps_give_the_model_s_logits_with_padding_and_dropped_rows(kind: str) -> None:
+def test_steps_give_the_model_s_logits_with_padding_and_dropped_rows(kind: str, fuse: bool, monkeypatch) -> None:
+    from training.rollout import lean_decode
+
+    if not fuse:  # a model above the size where q/k/v and gate/up are concatenated
+        monkeypatch.setattr(lean_decode, "FUSE_MAX_BYTES", 0)
     model = build(kind)
     assert LeanDecoder.supports(model, 64)
     A, P = 5, 7
@@ -46,6 +51,7 @@ def test_steps_give_the_model_s_logits_with_padding_and_dropped_rows(kind: str) 
         past = cache_of(out)
         lean = LeanDecoder.from_cache(model, past, attn, 12)
         assert lean is not None
+        assert all((f is not None) == fuse for f in lean.fused)
         nxt, npos = torch.randint(3, 97, (A,), generator=g), pos[:, -1] + 1
         for t in range(6):
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)

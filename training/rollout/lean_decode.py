@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load time (not "dynamic")
+FUSE_MAX_BYTES = 256 * 1024 * 1024  # fused q/k/v and gate/up copies up to this size (a ~100M-parameter fp32 model)
 
 
 def _rope_type(config: Any) -> str:
@@ -110,18 +111,22 @@ class LeanDecoder:
         return cls(model, keys, values, mask, length)
 
     def fuse(self) -> None:
-        """Concatenate each layer's q/k/v and gate/up weights (call again after the weights change)."""
-        self.fused = []
+        """Concatenate each layer's q/k/v and gate/up weights, where that is cheap: one matmul instead of three
+        (or two) saves per-call overhead, which is what small models are bound by. The copies cost ~2/3 of the
+        layers' weights, so larger models (FUSE_MAX_BYTES) keep the projections apart and lose nothing: their
+        matmuls are long enough that the call overhead does not show."""
+        self.fused: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None] | None] = []
+        weights = [m.weight for layer in self.layers for m in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                                layer.self_attn.v_proj, layer.mlp.gate_proj,
+                                                                layer.mlp.up_proj)]
+        if sum(w.numel() * w.element_size() for w in weights) > FUSE_MAX_BYTES:
+            self.fused = [None] * len(self.layers)
+            return
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
-            biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
-            qkv_b = None
-            if any(b is not None for b in biases):
-                qkv_b = torch.cat([b if b is not None else qkv_w.new_zeros(m.out_features)
-                                   for b, m in zip(biases, (attn.q_proj, attn.k_proj, attn.v_proj))]).detach()
-            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
-            self.fused.append((qkv_w, qkv_b, gate_up))
+            qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+            gate_up = (mlp.gate_proj, mlp.up_proj)
+            self.fused.append((*_concat(qkv), *_concat(gate_up)))
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (A',) of the batch (finished rows leave)."""
@@ -146,12 +151,17 @@ class LeanDecoder:
         groups = hq // hk
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            qkv_w, qkv_b, gate_up = self.fused[i]
+            fused = self.fused[i]
             x = _rms(h, layer.input_layernorm)
-            qkv = F.linear(x, qkv_w, qkv_b)  # (A, (hq + 2 hk) d)
-            q = qkv[:, : hq * d].view(A, hq, d)
-            k = qkv[:, hq * d: (hq + hk) * d].view(A, hk, d)
-            v = qkv[:, (hq + hk) * d:].view(A, hk, d)
+            if fused is not None:
+                qkv = F.linear(x, fused[0], fused[1])  # (A, (hq + 2 hk) d)
+                q = qkv[:, : hq * d].view(A, hq, d)
+                k = qkv[:, hq * d: (hq + hk) * d].view(A, hk, d)
+                v = qkv[:, (hq + hk) * d:].view(A, hk, d)
+            else:
+                q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(A, hq, d)
+                k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(A, hk, d)
+                v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(A, hk, d)
             if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm per head before the rotation
                 q, k = _rms(q, attn.q_norm), _rms(k, attn.k_norm)
             q = q * cos + _rotate_half(q) * sin  # (A, hq, d)
@@ -165,12 +175,25 @@ class LeanDecoder:
                                                  scale=self.scaling).reshape(A, hq * d)  # (A, hq d)
             h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
             x = _rms(h, layer.post_attention_layernorm)
-            gu = F.linear(x, gate_up)  # (A, 2 I)
-            gate, up = gu.chunk(2, dim=-1)
+            if fused is not None:
+                gate, up = F.linear(x, fused[2], fused[3]).chunk(2, dim=-1)  # (A, I) each
+            else:
+                mlp = layer.mlp
+                gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
+                up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
             h = h + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight, layer.mlp.down_proj.bias)
         self.filled = t + 1
         h = _rms(h, self.inner.norm)
         return F.linear(h, self.model.lm_head.weight, self.model.lm_head.bias)  # (A, V)
+
+
+def _concat(linears: tuple[torch.nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias, if any layer has one) stacking the layers' outputs."""
+    weight = torch.cat([m.weight for m in linears]).detach()
+    if all(m.bias is None for m in linears):
+        return weight, None
+    return weight, torch.cat([m.bias if m.bias is not None else weight.new_zeros(m.out_features)
+                              for m in linears]).detach()
 
 
 def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
