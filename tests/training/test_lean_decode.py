@@ -34,7 +34,7 @@ def build(kind: str, **extra):
 def test_steps_give_the_model_s_logits_with_padding_and_dropped_rows(kind: str, fuse: bool, monkeypatch) -> None:
     from training.rollout import lean_decode
 
-    if not fuse:  # a model above the size where q/k/v and gate/up are concatenated
+    if not fuse:  # a model above the size where q/k/v are concatenated
         monkeypatch.setattr(lean_decode, "FUSE_MAX_BYTES", 0)
     model = build(kind)
     assert LeanDecoder.supports(model, 64)
