@@ -320,7 +320,7 @@ def spawn(name: str, folder: Path, length: int, a: argparse.Namespace, **extra: 
 
 
 def each(values: list[float]) -> str:
-    return ", ".join(f"{v:.0f}" for v in values)
+    return ", ".join(f"{v:.0f}" if v >= 100 else f"{v:.3g}" for v in values)  # 0.47 samples/s, not "0"
 
 
 def verdict(ratio: float, part: str) -> str:

@@ -6,8 +6,8 @@ decode loop over the model's forward with its KV cache (`past_key_values`), and 
 stopping criteria, input preparation) costs more than the forward pass itself. For Llama-family models (Llama,
 Qwen2, Qwen3, Mistral) the loop's per-token steps go through `training.rollout.lean_decode` (the same arithmetic
 without transformers' per-call machinery, against a preallocated key/value buffer; `lean=False` turns it off):
-measured 1.5x `generate` at 128-token and 2.7x at 512-token completions on a 5M-parameter Qwen2 on a CPU
-(`benchmarks/qwen2.py --parts rollout`).
+the loop then measured 1.56x `generate`'s tokens/s at 128-token completions and 2.04x at 512 on a 5M-parameter
+Qwen2, 1.39x and 1.82x on a 30M one, one CPU thread each (`benchmarks/qwen2.py --parts rollout`, best of 3).
 
 The engine shares the trainer's model object, so `update_weights` is only needed when the weights come from
 elsewhere (a state dict or a saved folder). Sampling is seeded: the same (prompts, n_samples, seed) on the same
