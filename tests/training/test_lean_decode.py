@@ -93,6 +93,17 @@ def test_models_it_does_not_know_keep_their_own_forward() -> None:
     assert not LeanDecoder.supports(dynamic)  # its rotary frequencies change with the length
     windowed = build("mistral", sliding_window=16)
     assert LeanDecoder.supports(windowed, 16) and not LeanDecoder.supports(windowed, 17)
+    windowed.config.layer_types = ["full_attention"] * 2  # Mistral's modelling ignores layer_types
+    assert not LeanDecoder.supports(windowed, 17)
+    qwen_window = build("qwen2", sliding_window=16, use_sliding_window=True, max_window_layers=0)
+    assert not LeanDecoder.supports(qwen_window, 17)
+    assert LeanDecoder.supports(build("qwen2", sliding_window=16), 17)  # the window off (Qwen2.5's configs)
+    dispatched = build("qwen2")
+    dispatched.hf_device_map = {"": "cpu"}  # loaded with device_map: accelerate's hooks own the weights
+    assert not LeanDecoder.supports(dispatched)
+    meta = build("qwen2")
+    meta.lm_head.weight = torch.nn.Parameter(torch.empty_like(meta.lm_head.weight, device="meta"))
+    assert not LeanDecoder.supports(meta)
 
 
 def test_engine_greedy_and_sampled_rollouts_match_the_model_s_own_forward() -> None:

@@ -128,8 +128,8 @@ class HFRolloutEngine:
         lean = None
         if self.lean and LeanDecoder.supports(self.model, attn.shape[1] + max_new_tokens):
             lean = LeanDecoder.from_cache(self.model, past, attn, max_new_tokens)
-        if lean is not None:
-            past = None  # the decoder holds its own copy of the keys and values
+        if lean is not None:  # the decoder holds its own copy of the keys and values: free the model's (and the
+            past = out = None  # prefill logits `out` holds) rather than keep them for the whole rollout
         else:
             reserve_cache(past, max_new_tokens)  # each step writes its token in place instead of copying the cache
         N = logits.shape[0]

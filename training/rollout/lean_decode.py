@@ -57,9 +57,14 @@ class LeanDecoder:
         if _rope_type(config) not in _STATIC_ROPE or getattr(config, "hidden_act", "silu") != "silu":
             return False
         window = getattr(config, "sliding_window", None)
-        uses_window = getattr(config, "use_sliding_window", True) and any(
-            t == "sliding_attention" for t in getattr(config, "layer_types", None) or ["sliding_attention"])
+        if config.model_type == "mistral":  # Mistral applies its window to every layer, whatever layer_types says
+            uses_window = True
+        else:  # Qwen2/Qwen3: only where use_sliding_window made some layers "sliding_attention"
+            uses_window = getattr(config, "use_sliding_window", True) and any(
+                t == "sliding_attention" for t in getattr(config, "layer_types", None) or ["sliding_attention"])
         if window and uses_window and window < total_len:
+            return False
+        if getattr(model, "hf_device_map", None):  # dispatched by accelerate: weights behind hooks, maybe offloaded
             return False
         try:
             from torch.distributed.tensor import DTensor
@@ -70,7 +75,12 @@ class LeanDecoder:
             linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
             if any(type(m) is not torch.nn.Linear for m in linears):
                 return False
-        if any(isinstance(p, DTensor) for p in model.parameters()):
+        devices = set()
+        for p in model.parameters():
+            if isinstance(p, DTensor) or p.device.type == "meta":
+                return False
+            devices.add(p.device)
+        if len(devices) > 1:  # split over devices: the step reads every weight where the hidden state is
             return False
         return type(model.lm_head) is torch.nn.Linear
 
@@ -129,8 +139,9 @@ class LeanDecoder:
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (A',) of the batch (finished rows leave)."""
-        self.k = [k.index_select(0, rows) for k in self.k]
-        self.v = [v.index_select(0, rows) for v in self.v]
+        for i in range(len(self.k)):  # a layer at a time: never the whole buffer twice
+            self.k[i] = self.k[i].index_select(0, rows)
+            self.v[i] = self.v[i].index_select(0, rows)
         self.mask = self.mask.index_select(0, rows)
 
     @torch.no_grad()
