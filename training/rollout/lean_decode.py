@@ -17,7 +17,7 @@ it knows: the exact module layout of these architectures, plain `nn.Linear` proj
 quantised layer is not), no sharded parameters, rotary embeddings that do not change with the length, no
 sliding window shorter than the rollout. Anything else keeps the model's own forward.
 
-Numerics follow transformers' modelling code (RMSNorm in float32, softmax in float32); the logits agree with
+The norms are the model's own modules; the rest follows transformers' modelling code; the logits agree with
 `model(...)` to float rounding (tested).
 """
 
@@ -162,7 +162,7 @@ class LeanDecoder:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             fused = self.fused[i]
-            x = _rms(h, layer.input_layernorm)
+            x = layer.input_layernorm(h)
             if fused is not None:
                 qkv = F.linear(x, fused[0], fused[1])  # (A, (hq + 2 hk) d)
                 q = qkv[:, : hq * d].view(A, hq, d)
@@ -173,7 +173,7 @@ class LeanDecoder:
                 k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(A, hk, d)
                 v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(A, hk, d)
             if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm per head before the rotation
-                q, k = _rms(q, attn.q_norm), _rms(k, attn.k_norm)
+                q, k = attn.q_norm(q), attn.k_norm(k)
             q = q * cos + _rotate_half(q) * sin  # (A, hq, d)
             k = k * cos + _rotate_half(k) * sin  # (A, hk, d)
             self.k[i][:, :, t] = k
@@ -184,13 +184,13 @@ class LeanDecoder:
             out = F.scaled_dot_product_attention(q.view(A, hk, groups, d), keys, vals, attn_mask=mask,
                                                  scale=self.scaling).reshape(A, hq * d)  # (A, hq d)
             h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            x = _rms(h, layer.post_attention_layernorm)
+            x = layer.post_attention_layernorm(h)
             mlp = layer.mlp
             gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)  # (A, I)
             up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)  # (A, I)
             h = h + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight, layer.mlp.down_proj.bias)
         self.filled = t + 1
-        h = _rms(h, self.inner.norm)
+        h = self.inner.norm(h)
         return F.linear(h, self.model.lm_head.weight, self.model.lm_head.bias)  # (A, V)
 
 
@@ -201,14 +201,6 @@ def _concat(linears: tuple[torch.nn.Linear, ...]) -> tuple[torch.Tensor, torch.T
         return weight, None
     return weight, torch.cat([m.bias if m.bias is not None else weight.new_zeros(m.out_features)
                               for m in linears]).detach()
-
-
-def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
-    """transformers' RMSNorm: normalise in float32, cast back, then scale."""
-    dtype = x.dtype
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * xf.to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
