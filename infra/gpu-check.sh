@@ -12,6 +12,8 @@
 #    tokenizer (training/synthetic_models.py), one GRPO step with the vLLM engine, bf16, LoRA and TIS on; prints
 #    rollout tokens/s against standalone vllm.LLM.generate on the same prompt ids (goal: ratio >= 0.9) and the
 #    weight-sync seconds;
+# 5b. the transformers engine's lean decode step on CUDA (fp32 and bf16 Qwen2 from config): its logits against the
+#    model's own forward, and the engine's tokens/s with and without it;
 # 6. two GPUs (runs only when torch sees >= 2 devices, and says so when not): the tiny SFT stage and a GRPO round
 #    under torchrun with 2 processes on NCCL, DDP and FSDP, against the 1-process run (final loss within 1e-3
 #    in fp32), and the per-rank peak memory lines.
@@ -162,6 +164,56 @@ sys.exit(0 if ok else 1)
 PYEOF
 RC=$?
 [ $RC -eq 0 ] || FAILS=$((FAILS + 1))
+
+# --- 5b. the transformers engine's lean decode step (training/rollout/lean_decode.py) on CUDA, fp32 and bf16 ----
+timeout 180 $PY - <<'PYEOF'
+import sys, time
+import torch, transformers
+from types import SimpleNamespace
+from training.kv_cache import cache_kwarg, cache_of
+from training.rollout.hf import HFRolloutEngine
+from training.rollout.lean_decode import LeanDecoder
+
+ok = True
+for dtype, tol in ((torch.float32, 1e-3), (torch.bfloat16, 5e-2)):
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(vocab_size=1000, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to("cuda", dtype).eval()
+    ids = torch.randint(3, 1000, (6, 20), device="cuda")
+    attn = torch.ones_like(ids)
+    attn[0, :5] = 0
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    worst, agree = 0.0, []
+    with torch.no_grad():
+        past = cache_of(model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True))
+        lean = LeanDecoder.from_cache(model, past, attn, 16)
+        nxt, npos = ids[:, -1], pos[:, -1] + 1
+        for _ in range(8):
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+            ref = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=npos[:, None], use_cache=True,
+                        **{cache_kwarg(model): past})
+            past, want = cache_of(ref), ref.logits[:, -1].float()
+            got = lean.step(nxt, npos).float()
+            worst = max(worst, float((got - want).abs().max() / want.abs().max()))
+            agree.append(float((got.argmax(-1) == want.argmax(-1)).float().mean()))
+            nxt, npos = want.argmax(-1), npos + 1
+    good = worst <= tol and sum(agree) / len(agree) >= 0.9
+    ok &= good
+    print(("PASS" if good else "FAIL") + f" lean decode {dtype}: max |diff|/max|logit| {worst:.2e} (<= {tol:g}), "
+          f"argmax agreement {sum(agree) / len(agree):.2f}", flush=True)
+    tok = SimpleNamespace(pad_token_id=0, eos_token_id=1, decode=lambda ids, skip_special_tokens=True: "")
+    prompts = [list(range(5, 45))] * 4
+    for lean_on in (True, False):
+        eng = HFRolloutEngine(model, tok, stop_ids=[1], lean=lean_on)
+        eng.generate(prompts, 8, 16)
+        torch.cuda.synchronize(); t0 = time.perf_counter()
+        n = sum(len(c.token_ids) for g in eng.generate(prompts, 8, 128, seed=1) for c in g)
+        torch.cuda.synchronize()
+        print(f"     engine {dtype} lean={lean_on}: {n / (time.perf_counter() - t0):.0f} tokens/s", flush=True)
+sys.exit(0 if ok else 1)
+PYEOF
+[ $? -eq 0 ] || FAILS=$((FAILS + 1))
 
 # --- 6. two GPUs: SFT and a GRPO round under torchrun (NCCL), DDP and FSDP, against one process -------------
 NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
