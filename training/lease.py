@@ -67,6 +67,7 @@ LEASE_DIR = "_lease"
 LEASE_LOST_EXIT = 75  # EX_TEMPFAIL: this attempt was superseded; Airflow's retry owns the stage now
 TTL_ENV = "POSTTRAIN_LEASE_TTL_S"
 DEFAULT_TTL_S = 30.0
+TORN_READ_ATTEMPTS = 5  # reads of a record caught mid-rewrite, ~0.5 s in all, before one counts as corrupt
 
 
 class LeaseLost(storage.StorageError):
@@ -152,7 +153,7 @@ class Lease:
         self.lost = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._write_lock = threading.Lock()  # renewals and release never interleave their own writes
+        self._write_lock = threading.Lock()  # checks, renewals and release never interleave on our own record
 
     # ----- reading ---------------------------------------------------------------------------------------------
     def current(self) -> LeaseRecord | None:
@@ -162,10 +163,18 @@ class Lease:
                 and k.endswith(".json")]
         if not keys:
             return None
-        try:
-            return LeaseRecord.from_bytes(self.loc.backend.get_bytes(max(keys)))
-        except storage.ObjectNotFound:  # pruned between list and get: read again
-            return self.current()
+        for attempt in range(TORN_READ_ATTEMPTS):
+            try:
+                return LeaseRecord.from_bytes(self.loc.backend.get_bytes(max(keys)))
+            except storage.ObjectNotFound:  # pruned between list and get: read again
+                return self.current()
+            except (ValueError, KeyError, TypeError):
+                # A torn read: the holder rewrites its record in place at every renewal, and a store without
+                # atomic overwrites (s3rver truncates, then writes) can serve it empty or half written.
+                if attempt == TORN_READ_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def _record(self, now: float, released: bool = False) -> LeaseRecord:
         return LeaseRecord(self.attempt, self.generation, socket.gethostname(), os.getpid(), now, self.ttl_s,
@@ -213,6 +222,10 @@ class Lease:
     # ----- holding ---------------------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise LeaseLost unless this attempt still holds the lease (called before every write)."""
+        with self._write_lock:  # never read our own record while the renewal thread rewrites it
+            self._check()
+
+    def _check(self) -> None:
         if self.lost:
             raise LeaseLost(f"attempt {self.attempt} lost the lease of {self.stage_uri}")
         held = self.current()
@@ -224,7 +237,7 @@ class Lease:
 
     def renew(self) -> None:
         with self._write_lock:
-            self.check()
+            self._check()
             self.loc.backend.put_bytes(self._record(time.time()).to_bytes(), self.loc.key(_gen_rel(self.generation)))
 
     def _renew_loop(self) -> None:
@@ -251,7 +264,7 @@ class Lease:
             self._thread.join(timeout=5)
         with self._write_lock:
             try:
-                self.check()
+                self._check()
             except LeaseLost:
                 return
             self.loc.backend.put_bytes(self._record(time.time(), released=True).to_bytes(),

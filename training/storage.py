@@ -69,10 +69,20 @@ class ObjectNotFound(StorageError):
 # ----- retries ------------------------------------------------------------------------------------------------
 def _is_transient(err: BaseException) -> bool:
     try:
-        from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, ReadTimeoutError
+        from botocore.exceptions import (
+            ClientError,
+            ConnectionError as BotoConnectionError,
+            IncompleteReadError,
+            ReadTimeoutError,
+            ResponseStreamingError,
+        )
     except ImportError:  # pragma: no cover - boto3 is a hard dependency
         return False
-    if isinstance(err, (BotoConnectionError, ReadTimeoutError, ConnectionError, TimeoutError)):
+    # A body cut short (ResponseStreamingError, IncompleteReadError) is retried as a whole GET: botocore retries
+    # the request but not the read of its body. s3rver, the embedded stack's S3, also produces one when an
+    # object is read while it is being rewritten (it truncates before writing).
+    if isinstance(err, (BotoConnectionError, ReadTimeoutError, ResponseStreamingError, IncompleteReadError,
+                        ConnectionError, TimeoutError)):
         return True
     if isinstance(err, ClientError):
         code = err.response.get("Error", {}).get("Code", "")

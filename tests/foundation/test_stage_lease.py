@@ -135,3 +135,22 @@ def test_a_generation_is_taken_once(where: str, tmp_path: Path, request: pytest.
     assert lease._create_exclusive(loc, key, b"a")
     assert not lease._create_exclusive(loc, key, b"b")
     assert loc.backend.get_bytes(key) == b"a"
+
+
+def test_reads_during_renewals_never_fail_the_holder(any_run_uri: str) -> None:
+    """The holder's renewal rewrites its generation object in place while the stage checks it before each write,
+    and a waiting retry polls it. s3rver (the embedded stack's S3) truncates an object before writing it, so a
+    read can land between the two; neither reader may take that for a lost lease or crash on it."""
+    stage_uri = storage.join(any_run_uri, "stage")
+    holder = lease.Lease(stage_uri, ttl_s=0.15, attempt="holder")  # renews every 50 ms: many overlaps
+    holder.acquire()
+    holder.start()
+    other = lease.Lease(stage_uri, ttl_s=600, attempt="other")  # a retry's view of the lease
+    try:
+        for _ in range(40):  # dozens of renewals overlap these reads
+            holder.check()
+            record = other.current()
+            assert record is not None and record.attempt == "holder" and record.generation == 1
+        assert not holder.lost
+    finally:
+        holder.release()
