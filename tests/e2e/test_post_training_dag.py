@@ -20,18 +20,20 @@ MODEL_NAME = f"e2e-{uuid.uuid4().hex[:6]}"
 
 @pytest.fixture(scope="module")
 def pipeline_run(airflow_db, local_stack):
-    """One post_training run: rl_round_1 is SIGKILLed right after its step-25 checkpoint, Airflow retries it."""
+    """One post_training run: rl_round_1 is SIGKILLed right after its step-15 checkpoint, Airflow retries it."""
     from airflow.dag_processing.dagbag import DagBag
 
-    os.environ["POSTTRAIN_KILL_AFTER_CHECKPOINT"] = "rl_round_1:25"  # a real crash at a precise point
+    os.environ["POSTTRAIN_KILL_AFTER_CHECKPOINT"] = "rl_round_1:15"  # a real crash at a precise point
     try:
         dag = DagBag(str(REPO / "dags")).dags["post_training"]
         run_root = f"s3://posttrain/e2e/{uuid.uuid4().hex[:8]}"
         dr = dag.test(run_conf={"run_root": run_root, "rounds": 2, "stage_overrides": {
-            # The tiny profile with shorter rounds and a smaller evaluation: this test checks the product's
-            # path (stages, retry, resume, tracking, gate, promotion); how much RL lifts the tiny model is
-            # tests/training/test_tiny_pipeline.py's job.
-            "rl_round": {"steps": 50, "checkpoint_every": 25},
+            # The tiny profile with a shorter SFT, shorter rounds and a smaller evaluation: this test checks
+            # the product's path (stages, retry, resume, tracking, gate, promotion); how much RL lifts the tiny
+            # model is tests/training/test_tiny_pipeline.py's job. 250 SFT steps (the profile's 450 cost ~2x
+            # the time) still leave a champion good enough that the damaged planted one regresses credibly.
+            "sft": {"max_steps": 250},
+            "rl_round": {"steps": 30, "checkpoint_every": 15},
             "evaluate": {"model_name": MODEL_NAME, "max_tasks_per_domain": 60, "n_samples": 4, "ks": [1, 4],
                          "long_context_tasks": 10},
             "promote": {"model_name": MODEL_NAME}}})
@@ -114,7 +116,7 @@ def test_killed_stage_was_retried_by_airflow_and_resumed(pipeline_run) -> None:
     assert tis["rl_round_1"].try_number == 2, "the first attempt was killed; Airflow's retry finished the round"
     assert tis["rl_round_2"].try_number == 1
     summary = storage.require_manifest(storage.join(_run_uri(run_root), "rl_round_1")).extra["summary"]
-    assert summary["resumed_from"] == 25
+    assert summary["resumed_from"] == 15
 
 
 def _plant_round(run_uri: str, stage_name: str, model, tok, train_reward: float) -> str:
