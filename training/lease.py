@@ -8,7 +8,7 @@ stops before its next write.
 The lease is a folder of generation objects under the stage prefix:
 
     <stage-uri>/_lease/gen-00000003.json   {"attempt", "generation", "host", "pid", "heartbeat_at",
-                                             "ttl_s", "expires_at", "released"}
+                                             "ttl_s", "expires_at", "released", "outcome"}
 
 The holder is the attempt named by the highest generation. An attempt:
 
@@ -23,8 +23,12 @@ The holder is the attempt named by the highest generation. An attempt:
    `LEASE_LOST_EXIT` (75), without cleanup, since cleanup would write.
 4. checks, before every storage write under the stage prefix (`storage.guard_writes`: files, manifests,
    checkpoint deletions), that the highest generation is still its own, and raises `LeaseLost` if not.
-5. marks its generation released when the stage ends, failed or not (a killed process cannot: its retry waits
-   until the lease expires, at most `ttl_s` after the last renewal).
+5. marks its generation released when the stage ends, failed or not, with how it ended (`outcome`:
+   "complete" or "failed: <exception>: <message>"; `history` reads them), so a retried stage's earlier attempt
+   says why it ended. A killed process cannot: its retry waits until the lease expires, at most `ttl_s` after
+   the last renewal, and its record keeps `released` false.
+6. reads its record again when a read comes back empty or cut short: a store without atomic overwrites (s3rver
+   truncates, then writes) can serve a record mid-renewal. One attempt's own checks and renewals share a lock.
 
 What "exclusively" means, per backend, and the limits that follow:
 
@@ -67,6 +71,7 @@ LEASE_DIR = "_lease"
 LEASE_LOST_EXIT = 75  # EX_TEMPFAIL: this attempt was superseded; Airflow's retry owns the stage now
 TTL_ENV = "POSTTRAIN_LEASE_TTL_S"
 DEFAULT_TTL_S = 30.0
+OUTCOME_CHARS = 500  # of a failed attempt's message kept in its lease record
 TORN_READ_ATTEMPTS = 5  # reads of a record caught mid-rewrite, ~0.5 s in all, before one counts as corrupt
 
 
@@ -85,6 +90,9 @@ class LeaseRecord:
     expires_at: float
     acquired_at: float
     released: bool = False
+    # How the attempt ended, written with `released`: "complete", or "failed: <exception>: <message>" (a retried
+    # stage's earlier attempts say why they ended; a killed one never releases, so its record stays "").
+    outcome: str = ""
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -176,9 +184,9 @@ class Lease:
                 time.sleep(0.05 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def _record(self, now: float, released: bool = False) -> LeaseRecord:
+    def _record(self, now: float, released: bool = False, outcome: str = "") -> LeaseRecord:
         return LeaseRecord(self.attempt, self.generation, socket.gethostname(), os.getpid(), now, self.ttl_s,
-                           now + self.ttl_s, self.acquired_at, released)
+                           now + self.ttl_s, self.acquired_at, released, outcome)
 
     # ----- taking ----------------------------------------------------------------------------------------------
     def acquire(self) -> float:
@@ -258,7 +266,7 @@ class Lease:
         self._thread = threading.Thread(target=self._renew_loop, name="posttrain-lease", daemon=True)
         self._thread.start()
 
-    def release(self) -> None:
+    def release(self, outcome: str = "") -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -267,7 +275,7 @@ class Lease:
                 self._check()
             except LeaseLost:
                 return
-            self.loc.backend.put_bytes(self._record(time.time(), released=True).to_bytes(),
+            self.loc.backend.put_bytes(self._record(time.time(), released=True, outcome=outcome).to_bytes(),
                                        self.loc.key(_gen_rel(self.generation)))
 
 
@@ -281,15 +289,29 @@ def hold(stage_uri: str, ttl_s: float | None = None) -> Iterator[Lease]:
              f", after waiting {waited:.1f}s" if waited >= 0.5 else "")
     lease.start()
     unguard = storage.guard_writes(stage_uri, lease.check)
+    outcome = "complete"
     try:
         yield lease
     except LeaseLost as err:
         # A write found the lease gone: the same ending as a renewal that finds it (exit 75, nothing written).
         log.error("%s", err)
         raise SystemExit(LEASE_LOST_EXIT) from err
+    except BaseException as err:
+        if not (isinstance(err, SystemExit) and err.code in (0, None)):
+            outcome = f"failed: {type(err).__name__}: {str(err)[:OUTCOME_CHARS]}"
+        raise
     finally:
         unguard()
-        lease.release()
+        lease.release(outcome)
+
+
+def history(stage_uri: str) -> list[dict[str, Any]]:
+    """The stage's lease records still stored, oldest first: the current attempt's and the one before it (older
+    generations are pruned), each with how it ended (`outcome`)."""
+    loc = storage.locate(stage_uri)
+    keys = sorted(k for k in loc.backend.list(loc.key(LEASE_DIR) + "/")
+                  if k.rsplit("/", 1)[-1].startswith("gen-") and k.endswith(".json"))
+    return [asdict(LeaseRecord.from_bytes(loc.backend.get_bytes(k))) for k in keys]
 
 
 def describe(stage_uri: str) -> dict[str, Any] | None:

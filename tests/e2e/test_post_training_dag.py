@@ -113,9 +113,17 @@ def test_mlflow_shows_what_a_reviewer_expects(pipeline_run) -> None:
 
 def test_killed_stage_was_retried_by_airflow_and_resumed(pipeline_run) -> None:
     dr, tis, run_root = pipeline_run
+    from training import lease
+
+    run_uri = _run_uri(run_root)
     assert tis["rl_round_1"].try_number == 2, "the first attempt was killed; Airflow's retry finished the round"
-    assert tis["rl_round_2"].try_number == 1
-    summary = storage.require_manifest(storage.join(_run_uri(run_root), "rl_round_1")).extra["summary"]
+    killed, retry = lease.history(storage.join(run_uri, "rl_round_1"))
+    assert (killed["released"], retry["outcome"]) == (False, "complete"), (killed, retry)  # kill -9 releases nothing
+    # Nothing else was retried; if something was, its earlier attempt's lease record says why it ended.
+    retried = {task: lease.history(storage.join(run_uri, task)) for task, ti in tis.items()
+               if ti.try_number > 1 and task != "rl_round_1"}
+    assert not retried, retried
+    summary = storage.require_manifest(storage.join(run_uri, "rl_round_1")).extra["summary"]
     assert summary["resumed_from"] == 15
 
 

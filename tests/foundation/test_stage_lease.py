@@ -154,3 +154,15 @@ def test_reads_during_renewals_never_fail_the_holder(any_run_uri: str) -> None:
         assert not holder.lost
     finally:
         holder.release()
+
+
+def test_a_released_lease_says_how_its_attempt_ended(file_run_uri: str) -> None:
+    stage_uri = storage.join(file_run_uri, "stage")
+    with pytest.raises(ValueError), lease.hold(stage_uri, ttl_s=5):
+        raise ValueError("row 3: field 'prompt' is empty")
+    with lease.hold(stage_uri, ttl_s=5):
+        pass
+    first, second = lease.history(stage_uri)
+    assert (first["generation"], first["released"]) == (1, True)
+    assert first["outcome"] == "failed: ValueError: row 3: field 'prompt' is empty"
+    assert (second["generation"], second["outcome"]) == (2, "complete")
