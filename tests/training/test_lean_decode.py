@@ -7,11 +7,16 @@ import torch
 
 from training.kv_cache import cache_kwarg, cache_of
 from training.rollout.hf import HFRolloutEngine
-from training.rollout.lean_decode import LeanDecoder
+from training.rollout.lean_decode import GPT2LeanDecoder, LeanDecoder, lean_decoder
 
 
 def build(kind: str, **extra):
     import transformers
+
+    if kind == "gpt2":  # the tiny profile's architecture (training/models.py), dropout on as it trains
+        torch.manual_seed(0)
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=256, **extra)).eval()
 
     common = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=256, **extra)
@@ -30,14 +35,16 @@ def build(kind: str, **extra):
 
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "apart"])
-@pytest.mark.parametrize("kind", ["llama", "llama3-rope", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("kind", ["llama", "llama3-rope", "qwen2", "qwen3", "mistral", "gpt2"])
 def test_steps_give_the_model_s_logits_with_padding_and_dropped_rows(kind: str, fuse: bool, monkeypatch) -> None:
     from training.rollout import lean_decode
 
+    if kind == "gpt2" and not fuse:
+        pytest.skip("GPT-2's q/k/v projection is one module already: nothing to fuse or keep apart")
     if not fuse:  # a model above the size where q/k/v are concatenated
         monkeypatch.setattr(lean_decode, "FUSE_MAX_BYTES", 0)
     model = build(kind)
-    assert LeanDecoder.supports(model, 64)
+    assert (GPT2LeanDecoder if kind == "gpt2" else LeanDecoder).supports(model, 64)
     A, P = 5, 7
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, 97, (A, P), generator=g)
@@ -49,8 +56,8 @@ def test_steps_give_the_model_s_logits_with_padding_and_dropped_rows(kind: str, 
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
         past = cache_of(out)
-        lean = LeanDecoder.from_cache(model, past, attn, 12)
-        assert lean is not None
+        lean = lean_decoder(model, past, attn, 12)
+        assert lean is not None and isinstance(lean, GPT2LeanDecoder) == (kind == "gpt2")
         assert all((f is not None) == fuse for f in lean.fused)
         nxt, npos = torch.randint(3, 97, (A,), generator=g), pos[:, -1] + 1
         for t in range(6):
@@ -81,11 +88,12 @@ def test_the_buffers_refuse_a_step_past_their_room() -> None:
 
 
 def test_models_it_does_not_know_keep_their_own_forward() -> None:
-    import transformers
     from peft import LoraConfig, get_peft_model
 
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
-    assert not LeanDecoder.supports(gpt2)
+    assert not LeanDecoder.supports(build("gpt2")) and not GPT2LeanDecoder.supports(build("qwen2"))
+    assert not GPT2LeanDecoder.supports(build("gpt2", scale_attn_by_inverse_layer_idx=True))
+    assert not GPT2LeanDecoder.supports(build("gpt2"), 257)  # past its learned positions
+    assert not GPT2LeanDecoder.supports(get_peft_model(build("gpt2"), LoraConfig(r=4, target_modules=["c_attn"])))
     lora = get_peft_model(build("qwen2"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     assert not LeanDecoder.supports(lora)
     assert not LeanDecoder.supports(lora.get_base_model())  # LoRA layers replaced the plain projections
@@ -106,12 +114,13 @@ def test_models_it_does_not_know_keep_their_own_forward() -> None:
     assert not LeanDecoder.supports(meta)
 
 
-def test_engine_greedy_and_sampled_rollouts_match_the_model_s_own_forward() -> None:
+@pytest.mark.parametrize("kind", ["qwen2", "gpt2"])
+def test_engine_greedy_and_sampled_rollouts_match_the_model_s_own_forward(kind: str) -> None:
     """The rollout engine with and without the lean steps: the same tokens (greedy and seeded sampling), the same
-    log-probs to float rounding, stop ids honoured, on a Qwen2 model with GQA and q/k/v biases."""
+    log-probs to float rounding, stop ids honoured, on a Qwen2 model with GQA and q/k/v biases and on GPT-2."""
     from types import SimpleNamespace
 
-    model = build("qwen2")
+    model = build(kind)
     tok = SimpleNamespace(pad_token_id=0, eos_token_id=1, decode=lambda ids, skip_special_tokens=True: " ".join(
         map(str, ids)))
     prompts = [[5, 9, 14, 3], [7, 8], [20, 21, 22, 23, 24, 25]]

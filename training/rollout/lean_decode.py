@@ -1,5 +1,5 @@
-"""A lean decode step for Llama-family models (Llama, Qwen2, Qwen3, Mistral): one new token per row through the
-model's own weights, without transformers' per-call machinery.
+"""A lean decode step for Llama-family models (Llama, Qwen2, Qwen3, Mistral) and GPT-2 (the tiny profile's
+model): one new token per row through the model's own weights, without transformers' per-call machinery.
 
 Why: at the sizes the rollout loop runs on a CPU (and for small models on a GPU), a cached decode step of
 `model(...)` spends more time in bookkeeping than in arithmetic: building the 4-D causal mask, dispatching the
@@ -18,7 +18,8 @@ quantised layer is not), no sharded parameters, rotary embeddings that do not ch
 sliding window shorter than the rollout. Anything else keeps the model's own forward.
 
 The norms are the model's own modules; the rest follows transformers' modelling code; the logits agree with
-`model(...)` to float rounding (tested).
+`model(...)` to float rounding (tested). `lean_decoder(model, cache, mask, length)` picks the decoder for a
+model (`LeanDecoder` or `GPT2LeanDecoder`), or None.
 """
 
 from __future__ import annotations
@@ -66,23 +67,12 @@ class LeanDecoder:
             return False
         if getattr(model, "hf_device_map", None):  # dispatched by accelerate: weights behind hooks, maybe offloaded
             return False
-        try:
-            from torch.distributed.tensor import DTensor
-        except ImportError:  # pragma: no cover - torch without distributed
-            DTensor = ()  # type: ignore[assignment,misc]
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
             linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
             if any(type(m) is not torch.nn.Linear for m in linears):
                 return False
-        devices = set()
-        for p in model.parameters():
-            if isinstance(p, DTensor) or p.device.type == "meta":
-                return False
-            devices.add(p.device)
-        if len(devices) > 1:  # split over devices: the step reads every weight where the hidden state is
-            return False
-        return type(model.lm_head) is torch.nn.Linear
+        return _plain_weights(model) and type(model.lm_head) is torch.nn.Linear
 
     def __init__(self, model: Any, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor,
                  length: int) -> None:
@@ -192,6 +182,108 @@ class LeanDecoder:
         self.filled = t + 1
         h = self.inner.norm(h)
         return F.linear(h, self.model.lm_head.weight, self.model.lm_head.bias)  # (A, V)
+
+
+class GPT2LeanDecoder(LeanDecoder):
+    """The same decode state for GPT-2 (the tiny profile's model): learned position embeddings instead of rotary
+    ones, LayerNorm, one fused q/k/v projection already (`c_attn`), `Conv1D` projections (x @ W + b, applied
+    here with the same `addmm` as the module, so the logits match the model's to the bit in practice), every
+    head its own key/value head."""
+
+    @staticmethod
+    def supports(model: Any, total_len: int = 0) -> bool:
+        config = getattr(model, "config", None)
+        inner = getattr(model, "transformer", None)
+        if config is None or inner is None or getattr(config, "model_type", None) != "gpt2":
+            return False
+        if type(model).__name__ != "GPT2LMHeadModel" or type(model.lm_head) is not torch.nn.Linear:
+            return False  # a peft wrapper or any other head
+        if (config.add_cross_attention or config.scale_attn_by_inverse_layer_idx or config.reorder_and_upcast_attn
+                or total_len > config.n_positions or getattr(model, "hf_device_map", None)):
+            return False
+        from transformers.pytorch_utils import Conv1D
+
+        for block in inner.h:
+            if any(type(m) is not Conv1D for m in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc,
+                                                       block.mlp.c_proj)):
+                return False  # LoRA or quantised layers
+        return _plain_weights(model)
+
+    def __init__(self, model: Any, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor,
+                 length: int) -> None:
+        inner = model.transformer
+        self.model, self.inner = model, inner
+        self.layers = list(inner.h)
+        first = self.layers[0].attn
+        self.heads = self.kv_heads = first.num_heads
+        self.head_dim = first.head_dim
+        self.scaling = first.scaling
+        A, P = mask.shape
+        self.filled = P
+        total = P + length
+        self.k = [k.new_empty((A, self.heads, total, self.head_dim)) for k in keys]  # (A, H, T, d)
+        self.v = [v.new_empty((A, self.heads, total, self.head_dim)) for v in values]
+        for buf, src in zip(self.k + self.v, keys + values):
+            buf[:, :, :P] = src
+        self.mask = torch.zeros((A, total), dtype=torch.bool, device=mask.device)  # (A, T)
+        self.mask[:, :P] = mask.bool()
+        self.fused = []  # c_attn is one projection already
+
+    def fuse(self) -> None:
+        self.fused = []
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens (A,), positions (A,) their position ids; returns the next-token logits (A, V)."""
+        A, t = tokens.shape[0], self.filled
+        if t >= self.mask.shape[1]:
+            raise RuntimeError(f"lean decode: the buffers hold {t} tokens and are full")
+        self.mask[:, t] = True
+        mask = self.mask[:, None, None, : t + 1]  # (A, 1, 1, T')
+        h = self.inner.wte(tokens) + self.inner.wpe(positions)  # (A, D)
+        H, d = self.heads, self.head_dim
+        for i, block in enumerate(self.layers):
+            attn, mlp = block.attn, block.mlp
+            x = block.ln_1(h)
+            qkv = torch.addmm(attn.c_attn.bias, x, attn.c_attn.weight)  # (A, 3 H d), as Conv1D computes it
+            q, k, v = qkv.view(A, 3, H, d).unbind(1)  # (A, H, d) each
+            self.k[i][:, :, t] = k
+            self.v[i][:, :, t] = v
+            keys, vals = self.k[i][:, :, : t + 1], self.v[i][:, :, : t + 1]  # (A, H, T', d)
+            out = F.scaled_dot_product_attention(q[:, :, None], keys, vals, attn_mask=mask,
+                                                 scale=self.scaling).reshape(A, H * d)  # (A, H d)
+            h = h + torch.addmm(attn.c_proj.bias, out, attn.c_proj.weight)
+            x = block.ln_2(h)
+            h = h + torch.addmm(mlp.c_proj.bias, mlp.act(torch.addmm(mlp.c_fc.bias, x, mlp.c_fc.weight)),
+                                mlp.c_proj.weight)
+        self.filled = t + 1
+        h = self.inner.ln_f(h)
+        return F.linear(h, self.model.lm_head.weight, self.model.lm_head.bias)  # (A, V)
+
+
+def lean_decoder(model: Any, cache: Any, mask: torch.Tensor, length: int) -> LeanDecoder | None:
+    """The lean decoder for `model` built from its prefilled cache (mask (A, P), room for `length` new tokens), or
+    None when the model or the cache is not one it knows (the caller keeps the model's own forward)."""
+    total = mask.shape[1] + length
+    for kind in (LeanDecoder, GPT2LeanDecoder):
+        if kind.supports(model, total):
+            return kind.from_cache(model, cache, mask, length)
+    return None
+
+
+def _plain_weights(model: Any) -> bool:
+    """Every weight a whole tensor on one device: not an FSDP shard (DTensor), not on meta, not split over devices
+    (the step reads every weight where the hidden state is)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        DTensor = ()  # type: ignore[assignment,misc]
+    devices = set()
+    for p in model.parameters():
+        if isinstance(p, DTensor) or p.device.type == "meta":
+            return False
+        devices.add(p.device)
+    return len(devices) <= 1
 
 
 def _concat(linears: tuple[torch.nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
