@@ -89,6 +89,12 @@ class LeanDecoder:
         rotary = inner.rotary_emb
         self.inv_freq = rotary.inv_freq.float()  # (d/2,)
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._buffers(keys, values, mask, length)
+        self.fuse()
+
+    def _buffers(self, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor,
+                 length: int) -> None:
+        """The key/value buffers (A, H_kv, P + length, d) per layer holding the prompt's, and the mask (A, T)."""
         A, P = mask.shape
         self.filled = P
         total = P + length
@@ -98,7 +104,6 @@ class LeanDecoder:
             buf[:, :, :P] = src
         self.mask = torch.zeros((A, total), dtype=torch.bool, device=mask.device)  # (A, T)
         self.mask[:, :P] = mask.bool()
-        self.fuse()
 
     @classmethod
     def from_cache(cls, model: Any, cache: Any, mask: torch.Tensor, length: int) -> LeanDecoder | None:
@@ -218,19 +223,11 @@ class GPT2LeanDecoder(LeanDecoder):
         self.heads = self.kv_heads = first.num_heads
         self.head_dim = first.head_dim
         self.scaling = first.scaling
-        A, P = mask.shape
-        self.filled = P
-        total = P + length
-        self.k = [k.new_empty((A, self.heads, total, self.head_dim)) for k in keys]  # (A, H, T, d)
-        self.v = [v.new_empty((A, self.heads, total, self.head_dim)) for v in values]
-        for buf, src in zip(self.k + self.v, keys + values):
-            buf[:, :, :P] = src
-        self.mask = torch.zeros((A, total), dtype=torch.bool, device=mask.device)  # (A, T)
-        self.mask[:, :P] = mask.bool()
-        self.fused = []  # c_attn is one projection already
+        self._buffers(keys, values, mask, length)
+        self.fuse()
 
     def fuse(self) -> None:
-        self.fused = []
+        self.fused = []  # c_attn is one projection already
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
