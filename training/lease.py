@@ -111,6 +111,26 @@ def _gen_rel(generation: int) -> str:
     return f"{LEASE_DIR}/gen-{generation:08d}.json"
 
 
+def _gen_keys(loc: storage.Location) -> list[str]:
+    """The keys of the stage's generation objects, oldest first (the zero-padded number sorts by name)."""
+    return sorted(k for k in loc.backend.list(loc.key(LEASE_DIR) + "/")
+                  if k.rsplit("/", 1)[-1].startswith("gen-") and k.endswith(".json"))
+
+
+def _read_record(loc: storage.Location, key: str) -> LeaseRecord:
+    """One generation's record, read again when it comes back torn: the holder rewrites its record in place at
+    every renewal, and a store without atomic overwrites (s3rver truncates, then writes) can serve it empty or
+    half written."""
+    for attempt in range(TORN_READ_ATTEMPTS):
+        try:
+            return LeaseRecord.from_bytes(loc.backend.get_bytes(key))
+        except (ValueError, KeyError, TypeError):
+            if attempt == TORN_READ_ATTEMPTS - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def _create_exclusive(loc: storage.Location, key: str, data: bytes) -> bool:
     """Write `key` only if it does not exist yet; False when it did (see the module docstring per backend)."""
     backend = loc.backend
@@ -166,23 +186,13 @@ class Lease:
     # ----- reading ---------------------------------------------------------------------------------------------
     def current(self) -> LeaseRecord | None:
         """The record of the highest generation, or None when no attempt ever took the lease."""
-        base = self.loc.key(LEASE_DIR)
-        keys = [k for k in self.loc.backend.list(base + "/") if k.rsplit("/", 1)[-1].startswith("gen-")
-                and k.endswith(".json")]
+        keys = _gen_keys(self.loc)
         if not keys:
             return None
-        for attempt in range(TORN_READ_ATTEMPTS):
-            try:
-                return LeaseRecord.from_bytes(self.loc.backend.get_bytes(max(keys)))
-            except storage.ObjectNotFound:  # pruned between list and get: read again
-                return self.current()
-            except (ValueError, KeyError, TypeError):
-                # A torn read: the holder rewrites its record in place at every renewal, and a store without
-                # atomic overwrites (s3rver truncates, then writes) can serve it empty or half written.
-                if attempt == TORN_READ_ATTEMPTS - 1:
-                    raise
-                time.sleep(0.05 * (attempt + 1))
-        raise AssertionError("unreachable")
+        try:
+            return _read_record(self.loc, keys[-1])
+        except storage.ObjectNotFound:  # pruned between list and get: read again
+            return self.current()
 
     def _record(self, now: float, released: bool = False, outcome: str = "") -> LeaseRecord:
         return LeaseRecord(self.attempt, self.generation, socket.gethostname(), os.getpid(), now, self.ttl_s,
@@ -221,10 +231,8 @@ class Lease:
 
     def _prune(self) -> None:
         """Older generations are history once a newer one exists; keep the previous one for the record."""
-        base = self.loc.key(LEASE_DIR)
-        for key in self.loc.backend.list(base + "/"):
-            name = key.rsplit("/", 1)[-1]
-            if name.startswith("gen-") and name.endswith(".json") and int(name[4:12]) < self.generation - 1:
+        for key in _gen_keys(self.loc):
+            if int(key.rsplit("/", 1)[-1][4:12]) < self.generation - 1:
                 self.loc.backend.delete(key)
 
     # ----- holding ---------------------------------------------------------------------------------------------
@@ -309,9 +317,7 @@ def history(stage_uri: str) -> list[dict[str, Any]]:
     """The stage's lease records still stored, oldest first: the current attempt's and the one before it (older
     generations are pruned), each with how it ended (`outcome`)."""
     loc = storage.locate(stage_uri)
-    keys = sorted(k for k in loc.backend.list(loc.key(LEASE_DIR) + "/")
-                  if k.rsplit("/", 1)[-1].startswith("gen-") and k.endswith(".json"))
-    return [asdict(LeaseRecord.from_bytes(loc.backend.get_bytes(k))) for k in keys]
+    return [asdict(_read_record(loc, key)) for key in _gen_keys(loc)]
 
 
 def describe(stage_uri: str) -> dict[str, Any] | None:
