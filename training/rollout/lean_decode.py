@@ -139,14 +139,25 @@ class LeanDecoder:
             self.v[i] = self.v[i].index_select(0, rows)
         self.mask = self.mask.index_select(0, rows)
 
-    @torch.no_grad()
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """tokens (A,), positions (A,) their rotary positions; returns the next-token logits (A, V)."""
-        A, t = tokens.shape[0], self.filled
+    def _next_slot(self) -> tuple[int, torch.Tensor]:
+        """Open the buffers' next position t for this step: (t, the attention mask (A, 1, 1, t + 1))."""
+        t = self.filled
         if t >= self.mask.shape[1]:
             raise RuntimeError(f"lean decode: the buffers hold {t} tokens and are full")
         self.mask[:, t] = True
-        mask = self.mask[:, None, None, : t + 1]  # (A, 1, 1, T')
+        return t, self.mask[:, None, None, : t + 1]
+
+    def _append(self, layer: int, t: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's keys/values (A, H_kv, d) at position t of a layer's buffers; the filled part
+        (A, H_kv, t + 1, d) of each."""
+        self.k[layer][:, :, t] = k
+        self.v[layer][:, :, t] = v
+        return self.k[layer][:, :, : t + 1], self.v[layer][:, :, : t + 1]
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens (A,), positions (A,) their rotary positions; returns the next-token logits (A, V)."""
+        A, (t, mask) = tokens.shape[0], self._next_slot()
         h = self.inner.embed_tokens(tokens)  # (A, D)
         freqs = positions.float()[:, None] * self.inv_freq  # (A, d/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (A, d)
@@ -171,9 +182,7 @@ class LeanDecoder:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q = q * cos + _rotate_half(q) * sin  # (A, hq, d)
             k = k * cos + _rotate_half(k) * sin  # (A, hk, d)
-            self.k[i][:, :, t] = k
-            self.v[i][:, :, t] = v
-            keys, vals = self.k[i][:, :, : t + 1], self.v[i][:, :, : t + 1]  # (A, hk, T', d)
+            keys, vals = self._append(i, t, k, v)  # (A, hk, T', d)
             # grouped-query attention without repeating heads: a group's query heads are the "query positions"
             # of its one key/value head (measured ~20% faster on a CPU than enable_gqa or explicit matmuls)
             out = F.scaled_dot_product_attention(q.view(A, hk, groups, d), keys, vals, attn_mask=mask,
@@ -232,11 +241,7 @@ class GPT2LeanDecoder(LeanDecoder):
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens (A,), positions (A,) their position ids; returns the next-token logits (A, V)."""
-        A, t = tokens.shape[0], self.filled
-        if t >= self.mask.shape[1]:
-            raise RuntimeError(f"lean decode: the buffers hold {t} tokens and are full")
-        self.mask[:, t] = True
-        mask = self.mask[:, None, None, : t + 1]  # (A, 1, 1, T')
+        A, (t, mask) = tokens.shape[0], self._next_slot()
         h = self.inner.wte(tokens) + self.inner.wpe(positions)  # (A, D)
         H, d = self.heads, self.head_dim
         for i, block in enumerate(self.layers):
@@ -244,9 +249,7 @@ class GPT2LeanDecoder(LeanDecoder):
             x = block.ln_1(h)
             qkv = torch.addmm(attn.c_attn.bias, x, attn.c_attn.weight)  # (A, 3 H d), as Conv1D computes it
             q, k, v = qkv.view(A, 3, H, d).unbind(1)  # (A, H, d) each
-            self.k[i][:, :, t] = k
-            self.v[i][:, :, t] = v
-            keys, vals = self.k[i][:, :, : t + 1], self.v[i][:, :, : t + 1]  # (A, H, T', d)
+            keys, vals = self._append(i, t, k, v)  # (A, H, T', d)
             out = F.scaled_dot_product_attention(q[:, :, None], keys, vals, attn_mask=mask,
                                                  scale=self.scaling).reshape(A, H * d)  # (A, H d)
             h = h + torch.addmm(attn.c_proj.bias, out, attn.c_proj.weight)
