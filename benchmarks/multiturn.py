@@ -20,7 +20,7 @@ With `--set sft.repair_share=0.3` (SFT sees repair turns; its second answers the
 0.883/0.883, 0.833/0.833 (213 s); 150 steps 0.850/0.850, 0.833/0.833, 0.867/0.867 (878 s). Sampled training
 episodes do repair (e.g. "n-46" -> "n+46" after "f(3): expected 49, got -43"), but no greedy holdout answer is
 repaired in turn 2 by any of these models yet. With SFT's near misses also reading the task the other way (a
-flipped sign or operator, the other case or slice end: training/stages/sft.py near_miss), repair_share 0.3 and
+flipped sign or operator, the other case or slice end: training/environments/code_repair.py near_miss), repair_share 0.3 and
 40 steps: SFT 0.850/0.867 (one greedy repair in 60), single-turn 0.867/0.883, multi-turn 0.850/0.867 (869 s):
 repair appears, but multi-turn RL does not add to it.
 """
@@ -103,7 +103,8 @@ def run_seed(seed: int, overrides: dict[str, dict], root: Path,
     runs = {"single": (base, 1), "multi": (multi, 2)}
     with contextlib.redirect_stdout(io.StringIO()):
         for _, (folder, turns) in runs.items():
-            rl = from_dict(GRPOConfig, {**cfg["rl_round"], "max_turns": turns})
+            multi_only = {} if turns > 1 else {"planted_share": 0.0}  # a single-turn round plants nothing
+            rl = from_dict(GRPOConfig, {**cfg["rl_round"], "max_turns": turns, **multi_only})
             stage.run_stage("rl_round_1", rl, f"file://{folder}", lambda c: run_round(c, 1))
     holdout_file = root / f"holdout-{seed}.parquet"
     storage.fetch(storage.require_manifest(storage.join(f"file://{base}", "taskset")), "holdout.parquet",

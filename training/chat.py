@@ -129,6 +129,11 @@ class PromptFormat:
         opening = self.messages(Task(task.id, task.domain, first, task.verifier))
         return self.render(opening + rest)
 
+    def answer_ids(self, answer: str) -> list[int]:
+        """An assistant answer written elsewhere (a planted first attempt) as ids, without its end of turn:
+        `reply_ids(..., stopped=False)` closes the turn after it."""
+        return _as_ids(self.tokenizer(answer, add_special_tokens=False))
+
     def reply_ids(self, reply: str, stopped: bool) -> list[int]:
         """The tokens between a model's answer and its next one: the end of the assistant turn (unless the
         answer already ended with its stop token, `stopped`), the environment's `reply` as a user turn, and the

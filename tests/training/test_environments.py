@@ -105,6 +105,48 @@ def test_episode_is_laid_out_as_one_sequence_the_engine_saw(tok) -> None:
     assert tight[0].turns == 1 and tight[0].ended_by == "context"
 
 
+def test_a_planted_first_answer_is_masked_and_the_model_answers_its_failure(tok) -> None:
+    fmt = PromptFormat(tok)
+    engine = PlantedEngine(tok)
+    planted, sampled = run_episodes(engine, fmt, [TASK, TASK], lambda t: CodeRepairEnv(t), n_samples=2,
+                                    max_turns=2, max_new_tokens=16, planted=[WRONG, None])
+    ep = planted[0]
+    assert ep.planted and not sampled[0].planted and ep.answers == [WRONG, RIGHT] and ep.turns == 2
+    assert "expected 5, got -1" in ep.replies[0]
+    # turn 1 was sampled once (the unplanted task); the planted group's engine call is its turn 2, and that
+    # prompt is the conversation a sampled WRONG would have led to, apart from WRONG's own stop token
+    assert engine.prompts[0] == fmt.prompt_ids(TASK)
+    assert fmt.tokenizer.decode(engine.prompts[1]) == fmt.tokenizer.decode(
+        fmt.follow_up_ids(TASK, [(WRONG, ep.replies[0])]))
+    c = ep.as_completion()
+    model_turn = len(c.token_ids) - (len(engine.prompts[1]) - len(ep.prompt_ids))
+    assert c.model_mask == [0] * (len(c.token_ids) - model_turn) + [1] * model_turn  # only turn 2 is trained
+    assert c.text == RIGHT and all(lp == 0.0 for lp, m in zip(c.logprobs, c.model_mask) if not m)
+    assert ep.row()["planted_first"] and not sampled[0].row()["planted_first"]
+    with pytest.raises(ValueError, match="max_turns"):
+        run_episodes(engine, fmt, [TASK], lambda t: CodeRepairEnv(t), 1, 1, 16, planted=[WRONG])
+    with pytest.raises(ValueError, match="environment"):
+        run_episodes(engine, fmt, [TASK], lambda t: None, 1, 2, 16, planted=[WRONG])
+
+
+def test_planted_attempts_fail_the_visible_tests() -> None:
+    import random
+
+    from training.stages.rl_round import planted_attempts
+    from training.tasksets.generators import generate
+
+    tasks = generate("code", 40, 3, (4, 5)) + [Task("m1", "math", "1+1", "math", reference="2", answer="2")]
+    plants = planted_attempts(tasks, {"code": "code_repair"}, 1.0, random.Random(0))
+    assert plants is not None and plants[-1] is None  # math has no repair environment here
+    chosen = [(t, p) for t, p in zip(tasks, plants) if p is not None]
+    assert len(chosen) >= 30  # near misses that happen to pass the visible tests are not planted
+    assert all(not st.done for st in step_all([CodeRepairEnv(t) for t, _ in chosen], [p for _, p in chosen]))
+    assert all(p != t.reference for t, p in chosen)
+    half = planted_attempts(tasks, {"code": "code_repair"}, 0.5, random.Random(0))
+    assert half is not None and 5 <= sum(p is not None for p in half) <= 30
+    assert planted_attempts(tasks, {"code": "code_repair"}, 0.0, random.Random(0)) is None
+
+
 @pytest.mark.parametrize("packed", [True, False])
 def test_environment_tokens_get_no_gradient(tok, packed) -> None:
     torch.manual_seed(0)
@@ -209,3 +251,38 @@ def test_round_logs_sample_episodes_to_mlflow(sft_run) -> None:  # noqa: F811 - 
 
 
 from tests.training.test_grpo import sft_run  # noqa: E402, F401 - the SFT stage fixture
+
+
+def test_a_round_with_planted_first_answers_trains_the_repair_turn_only(monkeypatch) -> None:
+    import dataclasses
+
+    import training.rewards
+    from training.stages.rl_round import GRPOConfig, Round
+    from training.tasksets.generators import generate
+
+    monkeypatch.setattr(training.rewards, "score_tasks", lambda tasks, texts: [float(len(t) % 2) for t in texts])
+    tasks = generate("code", 12, 0, (4, 5))
+    tok = models.build_tiny_tokenizer([t.prompt for t in tasks] + [t.reference for t in tasks], vocab_size=300)
+    torch.manual_seed(0)
+    model = models.build_tiny_model(models.TinyModelConfig(n_layer=1, n_embd=32, n_head=2), tok)
+    cfg = GRPOConfig(prompts_per_step=3, samples_per_prompt=4, max_new_tokens=6, dynamic_sampling=False,
+                     device="cpu", lr=1e-2, max_turns=2, planted_share=1.0)
+    rnd = Round.build(cfg, 1, model.train(), tok, copy_of(model).eval(), tasks, torch.device("cpu"))
+    metrics = rnd.step(0)
+    assert metrics["episode/planted_frac"] == 1.0 and metrics["train/grad_norm"] > 0
+    reference = {t.id: t.reference for t in tasks}
+    rows = rnd.last_episodes
+    assert rows and all(r["planted_first"] and r["turns"] == 2 and r["answers"][0] != reference[r["id"]]
+                        and r["tool_outputs"][0].startswith("# error:") for r in rows)
+    # a planted answer whose reply leaves no room for the model's turn: nothing to train, the group is dropped
+    short = models.build_tiny_model(models.TinyModelConfig(n_layer=1, n_embd=32, n_head=2, n_positions=40), tok)
+    rnd = Round.build(cfg, 1, short.train(), tok, copy_of(short).eval(), tasks, torch.device("cpu"))
+    assert rnd.step(0)["groups_kept"] == 0
+    with pytest.raises(ValueError, match="planted_share"):
+        dataclasses.replace(cfg, max_turns=1)
+
+
+def copy_of(model):
+    import copy
+
+    return copy.deepcopy(model)

@@ -156,7 +156,8 @@ def test_long_context_examples_grow_fit_and_train_on_the_answer_only() -> None:
 def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_the_fix() -> None:
     from training.chat import PromptFormat
     from training.environments import CodeRepairEnv
-    from training.stages.sft import near_miss, repair_examples
+    from training.environments.code_repair import near_miss
+    from training.stages.sft import repair_examples
     from training.tasksets.generators import generate
 
     tasks = generate("code", 20, 0, difficulties=(2, 3)) + generate("math", 10, 0, difficulties=(1,))

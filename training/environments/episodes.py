@@ -45,6 +45,7 @@ class Episode:
     done: bool = False
     ended_by: str = ""  # "environment", "max_turns", "context" or "single_turn"
     reward: float | None = None  # set by the trainer once the final answer is scored
+    planted: bool = False  # the first answer was planted (run_episodes' `planted`), not sampled
 
     @property
     def turns(self) -> int:
@@ -56,6 +57,15 @@ class Episode:
         self.logprobs += list(c.logprobs) if len(c.logprobs) == len(c.token_ids) else [0.0] * len(c.token_ids)
         self.answers.append(c.text)
         self.finish_reason = c.finish_reason
+
+    def add_planted(self, answer: str, ids: list[int]) -> None:
+        """A first answer the model did not write (run_episodes' `planted`): an answer to the environment,
+        masked from the loss like a reply. Its ids carry no stop token, so the reply after it closes the turn."""
+        self.token_ids += ids
+        self.model_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.answers.append(answer)
+        self.planted = True
 
     def add_reply(self, reply: str, ids: list[int]) -> None:
         self.token_ids += ids
@@ -75,7 +85,7 @@ class Episode:
     def row(self) -> dict[str, Any]:
         """A samples-table row: every turn's answer, the tool outputs, how it ended (reward added by callers)."""
         return {"id": self.task.id, "domain": self.task.domain, "turns": self.turns, "answers": self.answers,
-                "tool_outputs": self.replies, "ended_by": self.ended_by,
+                "tool_outputs": self.replies, "ended_by": self.ended_by, "planted_first": self.planted,
                 "statuses": [str(i.get("status", "")) for i in self.infos]}
 
 
@@ -83,27 +93,46 @@ def run_episodes(engine: Any, fmt: PromptFormat, tasks: Sequence[Task],
                  make_env: Callable[[Task], Environment | None], n_samples: int, max_turns: int,
                  max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
                  max_context: int | None = None,
-                 turn_seed: Callable[[int], int] | None = None) -> list[list[Episode]]:
+                 turn_seed: Callable[[int], int] | None = None,
+                 planted: Sequence[str | None] | None = None) -> list[list[Episode]]:
     """`n_samples` episodes of each task, up to `max_turns` answers each; result[i][j] is sample j of task i.
     Turn t's engine call is seeded by `turn_seed(t)` (default seed for turn 1, seed + t after), so a run is
-    reproducible; temperature 0 is greedy (evaluation)."""
+    reproducible; temperature 0 is greedy (evaluation).
+
+    `planted[i]`, when given and not None, is task i's first answer instead of a sampled one: every episode of
+    the group starts from it, laid out and masked like the environment's replies (the model did not write it,
+    so it gets no gradient), and the model's own answers begin at turn 2. A task with a planted answer needs an
+    environment and max_turns >= 2."""
     if max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+    plant = list(planted) if planted is not None else [None] * len(tasks)
+    if len(plant) != len(tasks):
+        raise ValueError(f"planted: {len(plant)} answers for {len(tasks)} tasks")
     seed_of = turn_seed or (lambda t: seed if t == 1 else seed + t)
     groups: list[list[Episode]] = []
-    first_prompts = []
-    for task in tasks:
+    first_prompts, sampled_groups = [], []
+    for task, answer in zip(tasks, plant):
         envs = [make_env(task) for _ in range(n_samples)]
+        if answer is not None and (max_turns < 2 or any(env is None for env in envs)):
+            raise ValueError(f"planted answer for task {task.id}: needs an environment and max_turns >= 2")
         opening = [fmt.episode_ids(task, env.reset(task)) if env is not None else fmt.prompt_ids(task)
                    for env in envs]
-        groups.append([Episode(task, env, ids) for env, ids in zip(envs, opening)])
-        first_prompts.append(opening[0])  # the samples of one task share their opening (reset is per task)
-    sampled = engine.generate(first_prompts, n_samples, max_new_tokens, temperature, top_p, seed=seed_of(1))
-    for group, completions in zip(groups, sampled):
-        for ep, c in zip(group, completions):
-            ep.add_answer(c)
-            if ep.env is None:
-                ep.done, ep.ended_by = True, "single_turn"
+        group = [Episode(task, env, ids) for env, ids in zip(envs, opening)]
+        groups.append(group)
+        if answer is not None:
+            ids = fmt.answer_ids(answer)
+            for ep in group:
+                ep.add_planted(answer, ids)
+        else:
+            first_prompts.append(opening[0])  # the samples of one task share their opening (reset is per task)
+            sampled_groups.append(group)
+    if first_prompts:
+        sampled = engine.generate(first_prompts, n_samples, max_new_tokens, temperature, top_p, seed=seed_of(1))
+        for group, completions in zip(sampled_groups, sampled):
+            for ep, c in zip(group, completions):
+                ep.add_answer(c)
+                if ep.env is None:
+                    ep.done, ep.ended_by = True, "single_turn"
     flat = [ep for g in groups for ep in g]
     for turn in range(2, max_turns + 1):
         live = [ep for ep in flat if not ep.done]

@@ -139,6 +139,12 @@ class GRPOConfig(ConfigBase):
     environments:       domain -> environment (training/environments) for T > 1; other domains stay single-turn.
     turn_cost:          subtracted from an episode's reward per answer after the first (0 = none): prefers
                         getting it right first.
+    planted_share:      with T > 1, the share of groups whose episodes start from a planted wrong first answer
+                        instead of a sampled one (0 = none), among tasks whose environment can plant one (code
+                        repair: a near miss of the reference, e.g. the task read the other way, that fails the
+                        visible tests). The planted answer is masked from the loss like the environment's replies;
+                        every sample of the group answers the failure, so the round practises repair even where
+                        the model's own first attempts already pass (the tasks SFT trained on).
     sandbox_url:        the sandbox HTTP service code rewards run on (e.g. http://sandbox:8081; its token from
                         POSTTRAIN_SANDBOX_TOKEN); "" = POSTTRAIN_SANDBOX_URL, else the local sandbox pool.
     parallel:           under torchrun (N processes): DDP or FSDP for the update, rollout seeding, the weight-sync
@@ -203,6 +209,7 @@ class GRPOConfig(ConfigBase):
     max_turns: int = 1
     environments: dict[str, str] = field(default_factory=lambda: {"code": "code_repair"})
     turn_cost: float = 0.0
+    planted_share: float = 0.0
     sandbox_url: str = ""
     parallel: distributed.ParallelConfig = field(default_factory=distributed.ParallelConfig)
 
@@ -222,6 +229,9 @@ class GRPOConfig(ConfigBase):
             raise ValueError(f"ref_device {self.ref_device!r}: use same or cpu")
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if not 0.0 <= self.planted_share <= 1.0 or (self.planted_share > 0 and self.max_turns < 2):
+            raise ValueError(f"planted_share must be in [0, 1] and needs max_turns >= 2, got "
+                             f"{self.planted_share} with max_turns {self.max_turns}")
         from training.environments import ENVIRONMENTS
 
         unknown = sorted(set(self.environments.values()) - set(ENVIRONMENTS))
@@ -536,11 +546,13 @@ class Round:
 
         cfg, G = self.cfg, self.cfg.samples_per_prompt
         with self.timer.phase("rollout"):
+            planted = planted_attempts(tasks, cfg.environments, cfg.planted_share,
+                                       random.Random(derive_seed(cfg.seed, self.round, step, draw, "plant")))
             episodes = run_episodes(
                 self.engine, self.fmt, tasks, lambda t: environment_for(t, cfg.environments), G, cfg.max_turns,
                 cfg.max_new_tokens, cfg.temperature, cfg.top_p, max_context=context_limit(self.model),
                 turn_seed=lambda turn: derive_seed(cfg.seed, self.round, step, draw, "sample",
-                                                   *(() if turn == 1 else ("turn", turn))))
+                                                   *(() if turn == 1 else ("turn", turn))), planted=planted)
         for t, group in zip(tasks, episodes):
             self._openings[t.id] = group[0].prompt_ids
         flat = [ep for g in episodes for ep in g]
@@ -613,11 +625,16 @@ class Round:
             rewards = torch.tensor(scores, dtype=torch.float32).view(len(tasks), cfg.samples_per_prompt)  # (B, G)
             drawn += len(tasks)
             self.samples_seen += rewards.numel()
+            planted = {ep.task.id for ep in self._episodes if ep.planted}
             for t, r in zip(tasks, rewards.tolist()):
-                self.curriculum.update(t.domain, t.difficulty, sum(r) / len(r))
+                if t.id not in planted:  # a planted group's reward measures repair, not how hard the task is
+                    self.curriculum.update(t.domain, t.difficulty, sum(r) / len(r))
                 domain_rewards[t.domain] += r
             keep = (algorithms.drop_zero_variance_groups(rewards) if cfg.dynamic_sampling
                     else torch.arange(len(tasks)))  # (K,)
+            # a group the model wrote nothing in (a planted answer whose reply left no room) has nothing to train
+            keep = torch.tensor([i for i in keep.tolist() if any(model_wrote(c) for c in groups[i])],
+                                dtype=torch.long)
             zero_var += len(tasks) - len(keep)
             kept += [(tasks[i], groups[i], rewards[i].tolist()) for i in keep.tolist()]
             if len(kept) >= cfg.min_informative * cfg.prompts_per_step:
@@ -658,10 +675,46 @@ class Round:
         if episodes:  # how episodes went: answers per episode, and what ended them; samples for the table
             self.last_episodes = episode_rows(episodes, step + 1, cfg.log_samples)
             metrics["episode/turns_mean"] = sum(ep.turns for ep in episodes) / len(episodes)
+            metrics["episode/planted_frac"] = sum(ep.planted for ep in episodes) / len(episodes)
             for why in ("environment", "max_turns", "context", "single_turn"):
                 metrics[f"episode/ended_by_{why}"] = sum(ep.ended_by == why for ep in episodes) / len(episodes)
         metrics.update(self.timer.metrics())  # time/<phase>_s: where this step's time went
         return metrics
+
+
+def model_wrote(c: Completion) -> bool:
+    """Whether a completion holds any token the model generated (an episode's may all be planted or replies)."""
+    return not c.model_mask or any(c.model_mask)
+
+
+def planted_attempts(tasks: list[Task], environments: dict[str, str], share: float,
+                     rng: random.Random) -> list[str | None] | None:
+    """For about `share` of the tasks whose environment can plant a first answer (`planted_attempt`), one that
+    its environment does not accept (a planted answer that passed would leave the model nothing to answer);
+    None for the rest. None when nothing is planted."""
+    from training.environments import Environment, environment_for, step_all
+
+    if share <= 0:
+        return None
+    chosen: list[int] = []
+    envs: list[Environment] = []
+    answers: list[str] = []
+    for i, task in enumerate(tasks):
+        env = environment_for(task, environments)
+        plant = getattr(env, "planted_attempt", None)
+        if env is None or plant is None or rng.random() >= share:
+            continue
+        answer = plant(task, rng)
+        if answer is not None:
+            env.reset(task)
+            chosen.append(i)
+            envs.append(env)
+            answers.append(answer)
+    out: list[str | None] = [None] * len(tasks)
+    for i, answer, st in zip(chosen, answers, step_all(envs, answers) if envs else []):
+        if not st.done and st.observation is not None:
+            out[i] = answer
+    return out
 
 
 def episode_rows(episodes: list[Any], step: int, n: int) -> list[dict[str, Any]]:

@@ -270,52 +270,6 @@ def long_context_examples(fmt: PromptFormat, tasks: list[Task], share: float, fr
     return out
 
 
-# Mistakes that read the task the other way: a sign, an operator, a case, a slice's side, an order, a
-# comparison, which end a string goes on. Each flip is listed both ways; one applies to the returned expression.
-_FLIPS: list[tuple[str, str]] = [
-    (r"(?<=[\w)\]])\+(?=[\w(\[])", "-"), (r"(?<=[\w)\]])-(?=[\w(\[])", "+"),
-    (r"(?<=[\w)\]])\*(?=[\w(\[])", "//"), (r"(?<=[\w)\]])//(?=[\w(\[])", "*"),
-    (r"\.upper\(\)", ".lower()"), (r"\.lower\(\)", ".upper()"),
-    (r"\[(\d+):\]", r"[:-\1]"), (r"\[:-(\d+)\]", r"[\1:]"),
-    (r"sorted\((\w+)\)", r"sorted(\1,reverse=True)"), (r"sorted\((\w+),reverse=True\)", r"sorted(\1)"),
-    (r"\bmax\(", "min("), (r"\bmin\(", "max("), (r"(?<=\w)>(?=\w)", "<"), (r"(?<=\w)<(?=\w)", ">"),
-    (r"^(\w+)\+('.')$", r"\2+\1"), (r"^('.')\+(\w+)$", r"\2+\1"),
-]
-
-
-def near_miss(reference: str, rng: random.Random) -> str:
-    """A wrong attempt close to `reference`, the kinds of mistake a model makes, one kind drawn at random among
-    those the reference allows: the task read the other way (a flipped sign or operator, the other case, the
-    other end of a slice or string, the reverse order: _FLIPS), one integer literal off by 1-3, or one quoted
-    character changed; else the body returning None."""
-    import re
-
-    head, sep, body = reference.partition(":")
-    prefix, body = (head + sep, body) if sep else ("", reference)
-    code = body.lstrip()
-    prefix += body[:len(body) - len(code)]  # the signature and the indentation, kept as they are
-    kinds: list[list[str]] = []
-    if code.startswith("return "):
-        stem = code[len("return "):]
-        kinds.append([f for f in dict.fromkeys(f"return {re.sub(pat, rep, stem, count=1)}"
-                                               for pat, rep in _FLIPS if re.search(pat, stem)) if f != code])
-    numbers = list(re.finditer(r"(?<![\w.])\d+", code))
-    if numbers:
-        options = []
-        for m in numbers:
-            for delta in (-3, -2, -1, 1, 2, 3):
-                options.append(code[:m.start()] + str(max(0, int(m.group()) + delta)) + code[m.end():])
-        kinds.append([o for o in options if o != code])
-    quoted = list(re.finditer(r"'(.)'", code))
-    if quoted:
-        kinds.append([code[:m.start(1)] + c + code[m.end(1):] for m in quoted for c in "abcdefxyz"
-                      if c != m.group(1)])
-    kinds = [k for k in kinds if k]
-    if not kinds:
-        return f"{head}: return None" if sep else "return None"
-    return prefix + rng.choice(rng.choice(kinds))
-
-
 def repair_examples(fmt: PromptFormat, tasks: list[Task], share: float, max_seq_len: int,
                     seed: int) -> list[Example]:
     """round(share * n) extra examples over the n code tasks (those with a repair environment): the task, a
@@ -323,6 +277,7 @@ def repair_examples(fmt: PromptFormat, tasks: list[Task], share: float, max_seq_
     episodes and evaluation's self-repair show) as the next user turn, then the reference; loss on the reference
     only. Attempts that pass the visible tests are skipped."""
     from training.environments import CodeRepairEnv, step_all
+    from training.environments.code_repair import near_miss
 
     rng = random.Random(f"repair:{seed}")
     pool = [t for t in tasks if t.verifier == "code"]
