@@ -187,3 +187,36 @@ def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_
     assert near_miss("def f(xs): return sorted(xs,reverse=True)", rng) == "def f(xs): return sorted(xs)"
     assert near_miss("def f(s): return s", rng) == "def f(s): return None"
     assert repair_examples(fmt, tasks, 0.0, 400, 0) == []
+
+
+def test_a_mirrored_repair_example_asks_for_the_attempt_on_the_same_prompt() -> None:
+    from training.chat import PromptFormat
+    from training.environments import CodeRepairEnv
+    from training.environments.code_repair import mirror_tasks
+    from training.rewards import score_tasks
+    from training.stages.sft import repair_examples
+    from training.tasksets.generators import generate
+
+    task = generate("code", 1, 0, difficulties=(1,))[0]  # an integer function, e.g. x plus 3
+    attempt = task.reference.replace("return ", "return 1+", 1)  # a program whose outputs differ on every call
+    (mirror,) = mirror_tasks([task], [attempt])
+    assert mirror is not None and mirror.prompt == task.prompt and mirror.reference == attempt
+    assert mirror.id == f"{task.id}~mirror"
+    assert [t["expected"] for t in mirror.tests] == [t["expected"] + 1 for t in task.tests]  # run in the sandbox
+    assert mirror.metadata["visible_tests"] == mirror.tests[:len(task.metadata["visible_tests"])]
+    assert score_tasks([mirror, mirror], [attempt, task.reference]) == [1.0, 0.0]
+    assert "expected" in CodeRepairEnv(mirror).step(task.reference).observation
+    # nothing to mirror: a program that passes, one that raises, one whose value JSON cannot carry
+    assert mirror_tasks([task] * 3, [task.reference, "def f(x): return 1/0", "def f(x): return {1}"]) == [None] * 3
+
+    tasks = generate("code", 20, 0, difficulties=(2, 3))
+    fmt = PromptFormat(CharTokenizer())
+    plain = repair_examples(fmt, tasks, share=0.5, max_seq_len=400, seed=0)
+    both = repair_examples(fmt, tasks, share=0.5, max_seq_len=400, seed=0, mirrors=True)
+    assert both[:len(plain)] == plain and len(plain) < len(both) <= 2 * len(plain)
+    references = {t.reference for t in tasks}
+    for ex in both[len(plain):]:  # a mirror: the reference is the failed attempt, the near miss is the fix
+        text = "".join(chr(i) for i in ex.input_ids if i)
+        trained = "".join(chr(i) for i, m in zip(ex.input_ids, ex.loss_mask) if m and i)
+        task = next(t for t in tasks if text.startswith(t.prompt))
+        assert text[len(task.prompt):].startswith(task.reference + "\n# error: ") and trained not in references

@@ -75,6 +75,48 @@ def near_miss(reference: str, rng: random.Random) -> str:
     return prefix + rng.choice(rng.choice(kinds))
 
 
+def mirror_tasks(tasks: Sequence[Task], programs: Sequence[str]) -> list[Task | None]:
+    """For each task, the task with the same prompt whose tests ask for what its `program` returns: each test's
+    call, expecting the program's value, run in the sandbox as one batch (the values come back as JSON on
+    stdout). A repair example and its mirror (SFT's `repair_mirrors`) show the same prompt with error-led fixes
+    in both directions. None for a test program, a program that fails on a call, returns what JSON cannot carry
+    or passes the task's own tests, and for visible tests that are not among the tests."""
+    import json
+    from dataclasses import replace
+
+    from sandbox import Job
+    from training.rewards.code import run_jobs
+
+    jobs, rows = [], []
+    for i, (task, program) in enumerate(zip(tasks, programs)):
+        tests = task.tests
+        if isinstance(tests, list) and tests and all(isinstance(t, dict) and "call" in t for t in tests):
+            calls = ", ".join(str(t["call"]) for t in tests)
+            probe = f"{program}\nimport json as _json\nprint(_json.dumps([{calls}]))\n"
+            jobs.append(Job(probe, (), None, id=f"{task.id}#mirror"))
+            rows.append(i)
+    out: list[Task | None] = [None] * len(tasks)
+    for i, verdict in zip(rows, run_jobs(jobs) if jobs else []):
+        task = tasks[i]
+        try:
+            values = json.loads(verdict.stdout.strip().splitlines()[-1]) if verdict.ok else None
+        except (ValueError, IndexError):
+            continue
+        tests = task.tests if isinstance(task.tests, list) else []
+        if not isinstance(values, list) or len(values) != len(tests) or values == [t.get("expected") for t in tests]:
+            continue
+        mirrored = {str(t["call"]): {**t, "expected": v} for t, v in zip(tests, values)}
+        shown = visible_tests(task)
+        if not isinstance(shown, list) or not all(isinstance(t, dict) and str(t.get("call")) in mirrored
+                                                  for t in shown):
+            continue
+        metadata = {**(task.metadata if isinstance(task.metadata, dict) else {}),
+                    "visible_tests": [mirrored[str(t["call"])] for t in shown]}
+        out[i] = replace(task, id=f"{task.id}~mirror", reference=programs[i], tests=list(mirrored.values()),
+                         metadata=metadata)
+    return out
+
+
 @register_environment("code_repair")
 class CodeRepairEnv:
     """One repair episode of a code task. `limits` (sandbox.Limits) and `run` (jobs -> verdicts; default the

@@ -62,6 +62,11 @@ class SFTConfig(ConfigBase):
     repair_share:      extra examples, as a share of the code tasks, that show a wrong attempt and the code-repair
                        environment's real reply (its visible tests' failure), then the reference: the conversation
                        RL episodes and evaluation's self-repair hold, so the model has seen one before. 0 = none.
+    repair_mirrors:    with repair_share, each repair example also gets its mirror: the same prompt with tests
+                       that ask for the wrong attempt (its outputs, run in the sandbox), the reference as the
+                       failed attempt and the wrong one as the fix. A repair turn then cannot be answered from the
+                       prompt alone (a memorised answer is wrong in one of the two): only by reading the attempt
+                       and the error, which is what a task specified by its tests asks of a repair.
     packing:           concatenate examples into full rows with a block-diagonal attention mask and positions
                        restarting per example, so no compute is spent on padding and examples never attend to
                        each other ("packing with attention masking", as in Krell et al. 2021, "Efficient
@@ -100,6 +105,7 @@ class SFTConfig(ConfigBase):
     long_context_share: float = 0.0
     long_context_fractions: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5])
     repair_share: float = 0.0
+    repair_mirrors: bool = False
     packing: bool = True
     batch_size: int = 16
     max_steps: int = 300
@@ -271,19 +277,24 @@ def long_context_examples(fmt: PromptFormat, tasks: list[Task], share: float, fr
 
 
 def repair_examples(fmt: PromptFormat, tasks: list[Task], share: float, max_seq_len: int,
-                    seed: int) -> list[Example]:
+                    seed: int, mirrors: bool = False) -> list[Example]:
     """round(share * n) extra examples over the n code tasks (those with a repair environment): the task, a
     near-miss attempt, the code-repair environment's real reply (its visible tests' failure, exactly what RL
     episodes and evaluation's self-repair show) as the next user turn, then the reference; loss on the reference
-    only. Attempts that pass the visible tests are skipped."""
+    only. Attempts that pass the visible tests are skipped. `mirrors`: each also with its mirror (the same
+    prompt, tests asking for the attempt, the reference as the failed attempt: SFTConfig.repair_mirrors)."""
     from training.environments import CodeRepairEnv, step_all
-    from training.environments.code_repair import near_miss
+    from training.environments.code_repair import mirror_tasks, near_miss
 
     rng = random.Random(f"repair:{seed}")
     pool = [t for t in tasks if t.verifier == "code"]
     n = min(len(pool), round(share * len(pool)))
     chosen = rng.sample(pool, n) if n else []
     attempts = [near_miss(t.reference, rng) for t in chosen]
+    if mirrors:
+        mirrored = [(m, t.reference) for m, t in zip(mirror_tasks(chosen, attempts), chosen) if m is not None]
+        chosen += [m for m, _ in mirrored]
+        attempts += [a for _, a in mirrored]
     steps = step_all([CodeRepairEnv(t) for t in chosen], attempts)
     replies = {i: st.observation for i, st in enumerate(steps) if not st.done and st.observation}
     out = []
@@ -348,8 +359,8 @@ def train(ctx: StageContext) -> dict[str, Any]:
     examples, overlong = encode_examples(fmt, tasks, cfg.max_seq_len, cfg.max_overlong_share)
     long_context = long_context_examples(fmt, tasks, cfg.long_context_share, cfg.long_context_fractions,
                                          cfg.max_seq_len, cfg.seed) if cfg.long_context_share > 0 else []
-    repairs = repair_examples(fmt, tasks, cfg.repair_share, cfg.max_seq_len, cfg.seed) if cfg.repair_share > 0 \
-        else []
+    repairs = repair_examples(fmt, tasks, cfg.repair_share, cfg.max_seq_len, cfg.seed, cfg.repair_mirrors) \
+        if cfg.repair_share > 0 else []
     examples += long_context + repairs
     ctx.progress(f"{len(examples)} examples ({'chat template' if fmt.uses_template else 'plain text'}), "
                  f"{len(overlong)} over max_seq_len={cfg.max_seq_len} dropped, "
