@@ -20,9 +20,20 @@ With `--set sft.repair_share=0.3` (SFT sees repair turns; its second answers the
 0.883/0.883, 0.833/0.833 (213 s); 150 steps 0.850/0.850, 0.833/0.833, 0.867/0.867 (878 s). Sampled training
 episodes do repair (e.g. "n-46" -> "n+46" after "f(3): expected 49, got -43"), but no greedy holdout answer is
 repaired in turn 2 by any of these models yet. With SFT's near misses also reading the task the other way (a
-flipped sign or operator, the other case or slice end: training/environments/code_repair.py near_miss), repair_share 0.3 and
-40 steps: SFT 0.850/0.867 (one greedy repair in 60), single-turn 0.867/0.883, multi-turn 0.850/0.867 (869 s):
-repair appears, but multi-turn RL does not add to it.
+flipped sign or operator, the other case or slice end: training/environments/code_repair.py near_miss),
+repair_share 0.3 and 40 steps: SFT 0.850/0.867 (one greedy repair in 60), single-turn 0.867/0.883, multi-turn
+0.850/0.867 (869 s): repair appears, but multi-turn RL does not add to it.
+
+Later (seed 0, 40 steps unless said; SFT | single-turn | multi-turn):
+- repair_share 0.3, planted_share 0.5 (half the multi-turn groups start from a planted near miss, so every
+  sample trains turn 2; 790 s): .850/.867 | .867/.883 | .883/.900.
+- SFT on 400 of the 540 train tasks (max_examples; RL also sees the other 140), repair_share 0.5, planted 0.5
+  (576 s): .717/.717 | .817/.833 | .817/.833.
+- repair_share 1.0 with repair_mirrors (each repair example also in the other direction on the same prompt),
+  planted 0.5 (424 s): .817/.817 | .850/.883 | .833/.850.
+Log-probs of the right and the repeated answer in turn 2 track turn 1's: the 0.47M-parameter model answers the
+repair turn from the prompt and mostly repeats its first attempt (or garbles a constant); the planted turns raise
+the train reward of repair groups (0.60 -> 0.86 in 40 steps) without it carrying to held-out prompts.
 """
 
 from __future__ import annotations
