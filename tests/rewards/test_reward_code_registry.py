@@ -65,6 +65,32 @@ def test_code_reward_runs_one_batch_in_sandbox(monkeypatch) -> None:
 
 
 @needs_sandbox
+def test_a_group_repeating_a_program_runs_it_once_and_each_row_gets_its_verdict(monkeypatch) -> None:
+    import sandbox
+    from training.rewards.code import code_job, run_jobs
+
+    sent = []
+    real = sandbox.run_batch
+
+    def spy(jobs, **kw):
+        sent.extend(job.id for job in jobs)
+        return real(jobs, **kw)
+
+    monkeypatch.setattr(sandbox, "run_batch", spy)
+    right, wrong = "def f(x): return x+3", "def f(x): return x-3"
+    tests = [{"call": "f(2)", "expected": 5}]
+    other = [{"call": "f(2)", "expected": -1}]  # the same program against other tests is another job
+    rows = [(right, tests), (wrong, tests), (right, tests), (right, other), (wrong, tests), (right, tests)]
+    jobs = [code_job(p, t, {}, f"row{i}", None) for i, (p, t) in enumerate(rows)]
+    verdicts = run_jobs(jobs)
+    assert sent == ["row0", "row1", "row3"]
+    assert [v.ok for v in verdicts] == [True, False, True, False, False, True]
+    assert [v.id for v in verdicts] == [f"row{i}" for i in range(6)]
+    out = code_reward(["p"] * 6, [p for p, _ in rows], tests=[t for _, t in rows], verifier=["code"] * 6)
+    assert out == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0] and len(sent) == 6
+
+
+@needs_sandbox
 def test_code_that_does_not_parse_scores_zero_without_a_sandbox_run(monkeypatch) -> None:
     import sandbox
 

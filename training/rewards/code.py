@@ -54,7 +54,28 @@ def sandbox_url() -> str:
 
 
 def run_jobs(jobs: list[Any], concurrency: int | None = None) -> list[Any]:
-    """Verdicts of `jobs` (in order) from the remote service when one is set, else from the local pool."""
+    """Verdicts of `jobs` (in order) from the remote service when one is set, else from the local pool.
+
+    Identical jobs (the same program, tests and limits) run once and share the verdict, under each job's own
+    id: a reward is a function of the program and its tests, and a GRPO group's samples often repeat one
+    program (most of a trained model's groups are a few distinct answers)."""
+    import dataclasses
+
+    first: dict[str, int] = {}
+    unique: list[Any] = []
+    slot: list[int] = []
+    for job in jobs:
+        key = repr((job.program, job.tests, job.limits, job.test_program))  # tests may hold lists: not hashable
+        if key not in first:
+            first[key] = len(unique)
+            unique.append(job)
+        slot.append(first[key])
+    verdicts = _run_unique(unique, concurrency) if unique else []
+    return [verdicts[k] if unique[k] is job else dataclasses.replace(verdicts[k], id=job.id)
+            for job, k in zip(jobs, slot)]
+
+
+def _run_unique(jobs: list[Any], concurrency: int | None) -> list[Any]:
     url = sandbox_url()
     if url:
         from sandbox.client import RemoteSandbox
