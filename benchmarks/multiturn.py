@@ -34,6 +34,15 @@ Later (seed 0, 40 steps unless said; SFT | single-turn | multi-turn):
 Log-probs of the right and the repeated answer in turn 2 track turn 1's: the 0.47M-parameter model answers the
 repair turn from the prompt and mostly repeats its first attempt (or garbles a constant); the planted turns raise
 the train reward of repair groups (0.60 -> 0.86 in 40 steps) without it carrying to held-out prompts.
+On train prompts a planted group can recall the memorised reference and ignore the error, so with
+`--set rl_round.planted_mirrors=true` a planted group plays the mirror instead (the reference planted, the tests
+asking for the near miss). repair_share 0.3, planted 0.5, 80 steps: near misses of any kind .850/.867 |
+.833/.850 | .850/.850 (496 s: the off-by-one constants it was asked to repair by reading the error's arithmetic
+came back garbled); planted answers reading the task the other way (as now) .850/.867 | .833/.850 | .867/.867
+(579 s). Training episodes then flip (x-69 -> x+69 in 5 of 8 samples by step 80), but on the holdout greedy
+turn 2 repairs 0 of 8 (single-turn: 1 of 10) and sampled turn 2 repairs 10 of 65 (single-turn: 9 of 71); the
+second answers are cut short or garbled (y-70 -> y-7, x-62 -> x+6, ending on the model's own stop token, well
+inside the 128-token context).
 """
 
 from __future__ import annotations
@@ -114,7 +123,8 @@ def run_seed(seed: int, overrides: dict[str, dict], root: Path,
     runs = {"single": (base, 1), "multi": (multi, 2)}
     with contextlib.redirect_stdout(io.StringIO()):
         for _, (folder, turns) in runs.items():
-            multi_only = {} if turns > 1 else {"planted_share": 0.0}  # a single-turn round plants nothing
+            # a single-turn round plants nothing
+            multi_only = {} if turns > 1 else {"planted_share": 0.0, "planted_mirrors": False}
             rl = from_dict(GRPOConfig, {**cfg["rl_round"], "max_turns": turns, **multi_only})
             stage.run_stage("rl_round_1", rl, f"file://{folder}", lambda c: run_round(c, 1))
     holdout_file = root / f"holdout-{seed}.parquet"

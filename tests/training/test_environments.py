@@ -147,6 +147,30 @@ def test_planted_attempts_fail_the_visible_tests() -> None:
     assert planted_attempts(tasks, {"code": "code_repair"}, 0.0, random.Random(0)) is None
 
 
+def test_mirrored_plants_start_from_the_reference_and_ask_for_the_near_miss() -> None:
+    import random
+
+    from training.rewards import score_tasks
+    from training.stages.rl_round import mirrored_plants, planted_attempts
+    from training.tasksets.generators import generate
+
+    tasks = generate("code", 40, 3, (4, 5)) + [Task("m1", "math", "1+1", "math", reference="2", answer="2")]
+    plants = planted_attempts(tasks, {"code": "code_repair"}, 1.0, random.Random(0))
+    assert plants is not None
+    played, firsts = mirrored_plants(tasks, plants, {"code": "code_repair"})
+    swapped = [i for i, (t, p) in enumerate(zip(tasks, played)) if p is not t]
+    assert len(swapped) >= 25 and played[-1] is tasks[-1] and firsts[-1] is None
+    for i in swapped:  # same prompt, the reference planted, the near miss is what the mirror's tests ask for
+        assert played[i].prompt == tasks[i].prompt and played[i].id == f"{tasks[i].id}~mirror"
+        assert firsts[i] == tasks[i].reference and played[i].reference == plants[i]
+    mirrors = [played[i] for i in swapped]
+    assert score_tasks(mirrors, [plants[i] for i in swapped]) == [1.0] * len(swapped)
+    assert score_tasks(mirrors, [tasks[i].reference for i in swapped]) == [0.0] * len(swapped)
+    assert not any(st.done for st in step_all([CodeRepairEnv(m) for m in mirrors], [firsts[i] for i in swapped]))
+    kept = [i for i in range(len(tasks)) if i not in swapped]  # no mirror (or one the reference passes): as planted
+    assert all(played[i] is tasks[i] and firsts[i] == plants[i] for i in kept)
+
+
 @pytest.mark.parametrize("packed", [True, False])
 def test_environment_tokens_get_no_gradient(tok, packed) -> None:
     torch.manual_seed(0)
@@ -280,6 +304,15 @@ def test_a_round_with_planted_first_answers_trains_the_repair_turn_only(monkeypa
     assert rnd.step(0)["groups_kept"] == 0
     with pytest.raises(ValueError, match="planted_share"):
         dataclasses.replace(cfg, max_turns=1)
+    with pytest.raises(ValueError, match="planted_mirrors needs planted_share"):
+        dataclasses.replace(cfg, planted_share=0.0, planted_mirrors=True)
+    # mirrored: the reference is the planted first answer, the episode plays the mirror (its reward and id)
+    rnd = Round.build(dataclasses.replace(cfg, planted_mirrors=True), 1, model.train(), tok,
+                      copy_of(model).eval(), tasks, torch.device("cpu"))
+    assert rnd.step(0)["episode/planted_frac"] == 1.0
+    rows = rnd.last_episodes
+    mirrored = [r for r in rows if r["id"].endswith("~mirror")]
+    assert mirrored and all(r["answers"][0] == reference[r["id"].removesuffix("~mirror")] for r in mirrored)
 
 
 def copy_of(model):

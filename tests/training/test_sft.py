@@ -180,6 +180,9 @@ def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_
     # the task read the other way, or a constant a little off: both kinds are drawn
     drawn = {near_miss("def f(x): return x+45", rng) for _ in range(40)}
     assert "def f(x): return x-45" in drawn and "def f(x): return x+44" in drawn
+    # other_reading (what RL plants): the other reading whenever there is one, else any near miss
+    assert {near_miss("def f(x): return x+45", rng, other_reading=True) for _ in range(20)} == {"def f(x): return x-45"}
+    assert near_miss("def f(x): return 45", rng, other_reading=True) in {f"def f(x): return {k}" for k in range(42, 49)}
     assert near_miss("def f(s): return s.upper()", rng) == "def f(s): return s.lower()"
     assert near_miss("def f(s): return s[2:]", rng) in {"def f(s): return s[:-2]"} | {
         f"def f(s): return s[{k}:]" for k in (0, 1, 3, 4, 5)}

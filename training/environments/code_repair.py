@@ -44,11 +44,13 @@ _FLIPS: list[tuple[str, str]] = [
 ]
 
 
-def near_miss(reference: str, rng: random.Random) -> str:
+def near_miss(reference: str, rng: random.Random, other_reading: bool = False) -> str:
     """A wrong attempt close to `reference`, the kinds of mistake a model makes, one kind drawn at random among
     those the reference allows: the task read the other way (a flipped sign or operator, the other case, the
     other end of a slice or string, the reverse order: _FLIPS), one integer literal off by 1-3, or one quoted
-    character changed; else the body returning None."""
+    character changed; else the body returning None. `other_reading`: the task read the other way whenever the
+    reference allows it (the mistake whose error says which reading was meant; an off-by-one constant asks the
+    model to do the error's arithmetic instead)."""
     head, sep, body = reference.partition(":")
     prefix, body = (head + sep, body) if sep else ("", reference)
     code = body.lstrip()
@@ -69,6 +71,8 @@ def near_miss(reference: str, rng: random.Random) -> str:
     if quoted:
         kinds.append([code[:m.start(1)] + c + code[m.end(1):] for m in quoted for c in "abcdefxyz"
                       if c != m.group(1)])
+    if other_reading and kinds and kinds[0] and code.startswith("return "):
+        return prefix + rng.choice(kinds[0])
     kinds = [k for k in kinds if k]
     if not kinds:
         return f"{head}: return None" if sep else "return None"
@@ -140,8 +144,12 @@ class CodeRepairEnv:
     @staticmethod
     def planted_attempt(task: Task, rng: random.Random) -> str | None:
         """A wrong first answer an episode may start from (rl_round's `planted_share`): a near miss of the
-        task's reference, None without one. Whether it fails the visible tests is for the caller to check."""
-        return near_miss(task.reference, rng) if task.reference else None
+        task's reference, the task read the other way where it can be, None without a reference. Whether it
+        fails the visible tests is for the caller to check."""
+        return near_miss(task.reference, rng, other_reading=True) if task.reference else None
+
+    # rl_round's planted_mirrors: the tasks asking for what planted answers return (module function above)
+    mirror_tasks = staticmethod(mirror_tasks)
 
     @classmethod
     def step_batch(cls, envs: Sequence[CodeRepairEnv], completions: Sequence[str]) -> list[Step]:

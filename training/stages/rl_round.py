@@ -26,7 +26,7 @@ import hashlib
 import random
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,10 +141,16 @@ class GRPOConfig(ConfigBase):
                         getting it right first.
     planted_share:      with T > 1, the share of groups whose episodes start from a planted wrong first answer
                         instead of a sampled one (0 = none), among tasks whose environment can plant one (code
-                        repair: a near miss of the reference, e.g. the task read the other way, that fails the
-                        visible tests). The planted answer is masked from the loss like the environment's replies;
-                        every sample of the group answers the failure, so the round practises repair even where
-                        the model's own first attempts already pass (the tasks SFT trained on).
+                        repair: a near miss of the reference, the task read the other way where it can be, that
+                        fails the visible tests). The planted answer is masked from the loss like the
+                        environment's replies; every sample of the group answers the failure, so the round
+                        practises repair even where the model's own first attempts already pass (the tasks SFT
+                        trained on).
+    planted_mirrors:    a planted group answers its task's mirror instead (an environment with `mirror_tasks`;
+                        code repair: the same prompt, with tests that ask for what the planted near miss
+                        returns), starting from the task's reference. On a prompt SFT trained on, the model's
+                        memorised answer is then the failed one, so turn 2 earns its reward only by following the
+                        error; with plain plants it can recall the reference and ignore the error.
     sandbox_url:        the sandbox HTTP service code rewards run on (e.g. http://sandbox:8081; its token from
                         POSTTRAIN_SANDBOX_TOKEN); "" = POSTTRAIN_SANDBOX_URL, else the local sandbox pool.
     parallel:           under torchrun (N processes): DDP or FSDP for the update, rollout seeding, the weight-sync
@@ -210,6 +216,7 @@ class GRPOConfig(ConfigBase):
     environments: dict[str, str] = field(default_factory=lambda: {"code": "code_repair"})
     turn_cost: float = 0.0
     planted_share: float = 0.0
+    planted_mirrors: bool = False
     sandbox_url: str = ""
     parallel: distributed.ParallelConfig = field(default_factory=distributed.ParallelConfig)
 
@@ -232,6 +239,8 @@ class GRPOConfig(ConfigBase):
         if not 0.0 <= self.planted_share <= 1.0 or (self.planted_share > 0 and self.max_turns < 2):
             raise ValueError(f"planted_share must be in [0, 1] and needs max_turns >= 2, got "
                              f"{self.planted_share} with max_turns {self.max_turns}")
+        if self.planted_mirrors and self.planted_share <= 0:
+            raise ValueError("planted_mirrors needs planted_share > 0")
         from training.environments import ENVIRONMENTS
 
         unknown = sorted(set(self.environments.values()) - set(ENVIRONMENTS))
@@ -548,8 +557,11 @@ class Round:
         with self.timer.phase("rollout"):
             planted = planted_attempts(tasks, cfg.environments, cfg.planted_share,
                                        random.Random(derive_seed(cfg.seed, self.round, step, draw, "plant")))
+            played = tasks
+            if planted is not None and cfg.planted_mirrors:
+                played, planted = mirrored_plants(tasks, planted, cfg.environments)
             episodes = run_episodes(
-                self.engine, self.fmt, tasks, lambda t: environment_for(t, cfg.environments), G, cfg.max_turns,
+                self.engine, self.fmt, played, lambda t: environment_for(t, cfg.environments), G, cfg.max_turns,
                 cfg.max_new_tokens, cfg.temperature, cfg.top_p, max_context=context_limit(self.model),
                 turn_seed=lambda turn: derive_seed(cfg.seed, self.round, step, draw, "sample",
                                                    *(() if turn == 1 else ("turn", turn))), planted=planted)
@@ -625,7 +637,8 @@ class Round:
             rewards = torch.tensor(scores, dtype=torch.float32).view(len(tasks), cfg.samples_per_prompt)  # (B, G)
             drawn += len(tasks)
             self.samples_seen += rewards.numel()
-            planted = {ep.task.id for ep in self._episodes if ep.planted}
+            G = cfg.samples_per_prompt  # self._episodes: each task's G episodes in order (multi-turn rollouts)
+            planted = {t.id for k, t in enumerate(tasks) if self._episodes and self._episodes[k * G].planted}
             for t, r in zip(tasks, rewards.tolist()):
                 if t.id not in planted:  # a planted group's reward measures repair, not how hard the task is
                     self.curriculum.update(t.domain, t.difficulty, sum(r) / len(r))
@@ -692,26 +705,61 @@ def planted_attempts(tasks: list[Task], environments: dict[str, str], share: flo
     """For about `share` of the tasks whose environment can plant a first answer (`planted_attempt`), one that
     its environment does not accept (a planted answer that passed would leave the model nothing to answer);
     None for the rest. None when nothing is planted."""
-    from training.environments import Environment, environment_for, step_all
+    from training.environments import environment_for
 
     if share <= 0:
         return None
-    chosen: list[int] = []
-    envs: list[Environment] = []
-    answers: list[str] = []
-    for i, task in enumerate(tasks):
-        env = environment_for(task, environments)
-        plant = getattr(env, "planted_attempt", None)
-        if env is None or plant is None or rng.random() >= share:
-            continue
-        answer = plant(task, rng)
-        if answer is not None:
-            env.reset(task)
-            chosen.append(i)
-            envs.append(env)
-            answers.append(answer)
     out: list[str | None] = [None] * len(tasks)
-    for i, answer, st in zip(chosen, answers, step_all(envs, answers) if envs else []):
+    for i, task in enumerate(tasks):
+        plant = getattr(environment_for(task, environments), "planted_attempt", None)
+        if plant is not None and rng.random() < share:
+            out[i] = plant(task, rng)
+    return rejected(tasks, out, environments)
+
+
+def mirrored_plants(tasks: list[Task], planted: list[str | None],
+                    environments: dict[str, str]) -> tuple[list[Task], list[str | None]]:
+    """`planted_mirrors`: each planted task whose environment can mirror it (`mirror_tasks(tasks, programs)`)
+    swapped for the mirror built from its planted answer, and that answer swapped for the task's reference (the
+    mirror's first attempt, kept only where the mirror's environment rejects it; else the plant stays as it
+    was). The tasks and the first answers to play."""
+    from training.environments import environment_for
+
+    played, answers = list(tasks), list(planted)
+    by_mirror: dict[Callable[..., list[Task | None]], list[int]] = defaultdict(list)  # one batch per function
+    for i, (task, answer) in enumerate(zip(tasks, planted)):
+        mirror = getattr(environment_for(task, environments), "mirror_tasks", None)
+        if answer is not None and task.reference and mirror is not None:
+            by_mirror[mirror].append(i)
+    swaps: dict[int, Task] = {}
+    for mirror, rows in by_mirror.items():
+        mirrors = mirror([tasks[i] for i in rows], [planted[i] for i in rows])
+        swaps.update({i: m for i, m in zip(rows, mirrors) if m is not None})
+    rows = sorted(swaps)
+    firsts = rejected([swaps[i] for i in rows], [tasks[i].reference for i in rows], environments)
+    for i, first in zip(rows, firsts):
+        if first is not None:
+            played[i], answers[i] = swaps[i], first
+    return played, answers
+
+
+def rejected(tasks: list[Task], answers: list[str | None], environments: dict[str, str]) -> list[str | None]:
+    """Each answer its task's environment does not accept as a first answer (one batch per environment type),
+    None where it does, or where there is no answer."""
+    from training.environments import Environment, environment_for, step_all
+
+    rows: list[int] = []
+    envs: list[Environment] = []
+    given: list[str] = []
+    for i, (task, answer) in enumerate(zip(tasks, answers)):
+        env = environment_for(task, environments)
+        if answer is not None and env is not None:
+            env.reset(task)
+            rows.append(i)
+            envs.append(env)
+            given.append(answer)
+    out: list[str | None] = [None] * len(tasks)
+    for i, answer, st in zip(rows, given, step_all(envs, given) if envs else []):
         if not st.done and st.observation is not None:
             out[i] = answer
     return out
