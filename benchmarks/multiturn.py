@@ -42,7 +42,8 @@ came back garbled); planted answers reading the task the other way (as now) .850
 (579 s). Training episodes then flip (x-69 -> x+69 in 5 of 8 samples by step 80), but on the holdout greedy
 turn 2 repairs 0 of 8 (single-turn: 1 of 10) and sampled turn 2 repairs 10 of 65 (single-turn: 9 of 71); the
 second answers are cut short or garbled (y-70 -> y-7, x-62 -> x+6, ending on the model's own stop token, well
-inside the 128-token context).
+inside the 128-token context). Both directions at once (repair_share 0.5 with repair_mirrors, planted 0.5 with
+planted_mirrors, 80 steps; 641 s): .767/.767 | .850/.850 | .833/.850.
 """
 
 from __future__ import annotations
