@@ -294,6 +294,7 @@ def test_a_round_with_planted_first_answers_trains_the_repair_turn_only(monkeypa
     rnd = Round.build(cfg, 1, model.train(), tok, copy_of(model).eval(), tasks, torch.device("cpu"))
     metrics = rnd.step(0)
     assert metrics["episode/planted_frac"] == 1.0 and metrics["train/grad_norm"] > 0
+    assert rnd.curriculum.rates == {}  # a planted group's reward measures repair, not the task's difficulty
     reference = {t.id: t.reference for t in tasks}
     rows = rnd.last_episodes
     assert rows and all(r["planted_first"] and r["turns"] == 2 and r["answers"][0] != reference[r["id"]]
@@ -309,7 +310,7 @@ def test_a_round_with_planted_first_answers_trains_the_repair_turn_only(monkeypa
     # mirrored: the reference is the planted first answer, the episode plays the mirror (its reward and id)
     rnd = Round.build(dataclasses.replace(cfg, planted_mirrors=True), 1, model.train(), tok,
                       copy_of(model).eval(), tasks, torch.device("cpu"))
-    assert rnd.step(0)["episode/planted_frac"] == 1.0
+    assert rnd.step(0)["episode/planted_frac"] == 1.0 and rnd.curriculum.rates == {}
     rows = rnd.last_episodes
     mirrored = [r for r in rows if r["id"].endswith("~mirror")]
     assert mirrored and all(r["answers"][0] == reference[r["id"].removesuffix("~mirror")] for r in mirrored)

@@ -637,8 +637,9 @@ class Round:
             rewards = torch.tensor(scores, dtype=torch.float32).view(len(tasks), cfg.samples_per_prompt)  # (B, G)
             drawn += len(tasks)
             self.samples_seen += rewards.numel()
-            G = cfg.samples_per_prompt  # self._episodes: each task's G episodes in order (multi-turn rollouts)
-            planted = {t.id for k, t in enumerate(tasks) if self._episodes and self._episodes[k * G].planted}
+            # self._episodes (multi-turn; else empty) holds each task's G episodes in order: a group's first says
+            # whether it was planted (a mirrored group plays another task id, so the ids cannot say it)
+            planted = {t.id for t, ep in zip(tasks, self._episodes[::cfg.samples_per_prompt]) if ep.planted}
             for t, r in zip(tasks, rewards.tolist()):
                 if t.id not in planted:  # a planted group's reward measures repair, not how hard the task is
                     self.curriculum.update(t.domain, t.difficulty, sum(r) / len(r))
