@@ -55,11 +55,14 @@ def near_miss(reference: str, rng: random.Random, other_reading: bool = False) -
     prefix, body = (head + sep, body) if sep else ("", reference)
     code = body.lstrip()
     prefix += body[:len(body) - len(code)]  # the signature and the indentation, kept as they are
-    kinds: list[list[str]] = []
+    readings: list[str] = []  # the task read the other way
     if code.startswith("return "):
         stem = code[len("return "):]
-        kinds.append([f for f in dict.fromkeys(f"return {re.sub(pat, rep, stem, count=1)}"
-                                               for pat, rep in _FLIPS if re.search(pat, stem)) if f != code])
+        readings = [f for f in dict.fromkeys(f"return {re.sub(pat, rep, stem, count=1)}"
+                                             for pat, rep in _FLIPS if re.search(pat, stem)) if f != code]
+    if other_reading and readings:
+        return prefix + rng.choice(readings)
+    kinds = [readings]  # each kind of mistake the reference allows (empty ones are dropped below)
     numbers = list(re.finditer(r"(?<![\w.])\d+", code))
     if numbers:
         options = []
@@ -71,8 +74,6 @@ def near_miss(reference: str, rng: random.Random, other_reading: bool = False) -
     if quoted:
         kinds.append([code[:m.start(1)] + c + code[m.end(1):] for m in quoted for c in "abcdefxyz"
                       if c != m.group(1)])
-    if other_reading and kinds and kinds[0] and code.startswith("return "):
-        return prefix + rng.choice(kinds[0])
     kinds = [k for k in kinds if k]
     if not kinds:
         return f"{head}: return None" if sep else "return None"
