@@ -16,6 +16,22 @@ needs_sandbox = pytest.mark.skipif(importlib.util.find_spec("sandbox") is None,
                                    reason="sandbox/ is not importable in this checkout")
 
 
+@pytest.fixture
+def batches(monkeypatch) -> list:
+    """Every batch of jobs sent to the real local sandbox (a spy: the jobs still run there)."""
+    import sandbox
+
+    sent: list = []
+    real = sandbox.run_batch
+
+    def spy(jobs, **kw):
+        sent.append(list(jobs))
+        return real(jobs, **kw)
+
+    monkeypatch.setattr(sandbox, "run_batch", spy)
+    return sent
+
+
 def test_registry_names_and_conflicts() -> None:
     assert {"math", "code", "json_rules"} <= set(REWARDS)
     with pytest.raises(ValueError, match="already registered"):
@@ -44,70 +60,43 @@ def test_code_reward_without_sandbox_work() -> None:
 
 
 @needs_sandbox
-def test_code_reward_runs_one_batch_in_sandbox(monkeypatch) -> None:
+def test_code_reward_runs_one_batch_in_sandbox(batches) -> None:
     import sandbox
 
-    calls = []
-    real = sandbox.run_batch
-
-    def spy(jobs, **kw):
-        calls.append(len(jobs))
-        return real(jobs, **kw)
-
-    monkeypatch.setattr(sandbox, "run_batch", spy)
     tests = [{"call": "f(2)", "expected": 5}, {"call": "f(-3)", "expected": 0}]
     completions = ["def f(x): return x+3", "def f(x): return x+4", "```python\ndef f(x):\n    return 3+x\n```",
                    "def f(x): return", "import time\ndef f(x):\n    while True: pass"]
     out = code_reward(["p"] * 5, completions, tests=[tests] * 5, verifier=["code"] * 5,
                       id=[f"t{i}" for i in range(5)], limits=sandbox.Limits(wall_s=1.5, cpu_s=1.0))
     assert out == [1.0, 0.0, 1.0, 0.0, 0.0]
-    assert calls == [5]
+    assert [len(b) for b in batches] == [5]
 
 
 @needs_sandbox
-def test_a_group_repeating_a_program_runs_it_once_and_each_row_gets_its_verdict(monkeypatch) -> None:
-    import sandbox
+def test_a_group_repeating_a_program_runs_it_once_and_each_row_gets_its_verdict(batches) -> None:
     from training.rewards.code import code_job, run_jobs
 
-    sent = []
-    real = sandbox.run_batch
-
-    def spy(jobs, **kw):
-        sent.extend(job.id for job in jobs)
-        return real(jobs, **kw)
-
-    monkeypatch.setattr(sandbox, "run_batch", spy)
     right, wrong = "def f(x): return x+3", "def f(x): return x-3"
     tests = [{"call": "f(2)", "expected": 5}]
     other = [{"call": "f(2)", "expected": -1}]  # the same program against other tests is another job
     rows = [(right, tests), (wrong, tests), (right, tests), (right, other), (wrong, tests), (right, tests)]
     jobs = [code_job(p, t, {}, f"row{i}", None) for i, (p, t) in enumerate(rows)]
     verdicts = run_jobs(jobs)
-    assert sent == ["row0", "row1", "row3"]
+    assert [job.id for b in batches for job in b] == ["row0", "row1", "row3"]
     assert [v.ok for v in verdicts] == [True, False, True, False, False, True]
     assert [v.id for v in verdicts] == [f"row{i}" for i in range(6)]
     out = code_reward(["p"] * 6, [p for p, _ in rows], tests=[t for _, t in rows], verifier=["code"] * 6)
-    assert out == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0] and len(sent) == 6
+    assert out == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0] and sum(len(b) for b in batches) == 6
 
 
 @needs_sandbox
-def test_code_that_does_not_parse_scores_zero_without_a_sandbox_run(monkeypatch) -> None:
-    import sandbox
-
-    sent = []
-    real = sandbox.run_batch
-
-    def spy(jobs, **kw):
-        sent.extend(job.program for job in jobs)
-        return real(jobs, **kw)
-
-    monkeypatch.setattr(sandbox, "run_batch", spy)
+def test_code_that_does_not_parse_scores_zero_without_a_sandbox_run(batches) -> None:
     tests = [{"call": "f(2)", "expected": 5}]
     completions = ["def f(x) return x+3", "(" * 5000 + "1", "def f(x):\n    return x+3\x00", '{")*9',
                    "def f(x): return x+3"]
     out = code_reward(["p"] * 5, completions, tests=[tests] * 5, verifier=["code"] * 5)
     assert out == [0.0, 0.0, 0.0, 0.0, 1.0]
-    assert sent == ["def f(x): return x+3"]  # only the program that parses was run
+    assert [job.program for b in batches for job in b] == ["def f(x): return x+3"]  # only the one that parses ran
 
 
 @needs_sandbox
