@@ -47,10 +47,11 @@ planted_mirrors, 80 steps; 641 s): .767/.767 | .850/.850 | .833/.850.
 Is it the model's size? The same run (repair_share 0.3, planted 0.5 with planted_mirrors, 80 steps) on a 4-layer
 model (`--set 'sft.tiny={"n_layer":4}'`, twice the tiny profile's depth; 1129 s): .800/.800 | .850/.850 |
 .867/.883, +3.3 points. Its multi-turn model does flip the reading in greedy turn 2 (y-70 -> y+7, k//2 -> k*2,
-y//9 -> y*7, m+95 -> m-9: 4 of 8; the 2-layer run below, 2 of 8) but copies the constant wrongly in 3 of them; sampled
-turn 2 repairs 12 of 72 (single-turn 6 of 79). With the 2-layer model and SFT's repair attempts always read the
-other way (no off-by-one constants in SFT either; 628 s): .800/.800 | .883/.883 | .867/.883, and turn 2 still
-changes constants (y-70 -> y-71): the garbled constants are not learned from SFT's off-by-one examples. Batched and
+y//9 -> y*7, m+95 -> m-9: 4 of 8; the 2-layer run below, 2 of 8) but copies the constant wrongly in 3 of
+them; sampled turn 2 repairs 12 of 72 (single-turn 6 of 79). At 150 steps (1713 s): .800/.800 | .833/.850 |
+.867/.883, +3.3 points again. With the 2-layer model and SFT's repair attempts always read the other way (no
+off-by-one constants in SFT either; 628 s): .800/.800 | .883/.883 | .867/.883, and turn 2 still changes
+constants (y-70 -> y-71): the garbled constants are not learned from SFT's off-by-one examples. Batched and
 one-at-a-time greedy episodes give the same answers (no padding effect).
 """
 
