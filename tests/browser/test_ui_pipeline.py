@@ -82,8 +82,12 @@ def _wait_for_run_in_grid(browser, stack: Stack, run_id: str, until: tuple[str, 
     return found
 
 
-def _task_states(browser, stack: Stack, run_id: str) -> dict[str, str]:
-    """The run's task list as the UI shows it: task id -> state text."""
+def _task_states(browser, stack: Stack, run_id: str, tasks: tuple[str, ...]) -> dict[str, str]:
+    """The run's task list as the UI shows it (task id -> state text), once it shows every one of `tasks`.
+
+    It waits for the tasks asked about, not for any one row: a CI run once read a list that had `promote`'s row
+    and no `blocked` row (a read before every row was drawn), where all 17 tasks fit the first page.
+    """
     browser.driver.get(f"{stack.airflow_url}/dags/{DAG}/runs/{run_id}")
 
     def rows() -> dict[str, str]:
@@ -92,9 +96,9 @@ def _task_states(browser, stack: Stack, run_id: str) -> dict[str, str]:
             cells = row.find_elements("xpath", "./td")
             if len(cells) > 3 and cells[1].text.strip():
                 out[cells[1].text.strip()] = cells[3].text.strip()
-        return out if "promote" in out and all(out.values()) else {}
+        return out if all(out.get(task) for task in tasks) else {}
 
-    return browser.wait_for(rows, 60, "the run's task list never loaded")
+    return browser.wait_for(rows, 60, f"the run's task list never showed all of {tasks}")
 
 
 def test_trigger_form_run_approved_in_the_ui_succeeds_and_mlflow_shows_it(browser, ui_stack,
@@ -113,7 +117,7 @@ def test_trigger_form_run_approved_in_the_ui_succeeds_and_mlflow_shows_it(browse
                             expect=("Gate verdict: promote", "domain", "candidate", "rl_round_1"))
     assert _wait_for_run_in_grid(browser, ui_stack, run_id, token=airflow_token) == "Success"
     print(f"run {run_id} succeeded {time.monotonic() - started:.0f}s after the form opened")
-    states = _task_states(browser, ui_stack, run_id)
+    states = _task_states(browser, ui_stack, run_id, ("promote", "blocked"))
     assert states["promote"] == "Success" and states["blocked"] == "Skipped", states
     # The task list shows its first page; the rounds' states come from the API that page reads.
     tis = api(ui_stack.airflow_url, airflow_token, f"dags/{DAG}/dagRuns/{quote(run_id)}/taskInstances")
