@@ -24,6 +24,24 @@ def test_generated_code_tasks_show_a_subset_of_their_hidden_tests() -> None:
         assert shown == task.tests[:VISIBLE_CODE_TESTS] and len(task.tests) > len(shown) > 0
 
 
+def test_a_two_reading_prompt_s_first_visible_test_tells_the_readings_apart() -> None:
+    import random
+
+    from training.environments.code_repair import near_miss
+
+    tasks = generate("code", 300, seed=1, difficulties=(5,))
+    for task in tasks:
+        other = near_miss(task.reference, random.Random(0), other_reading=True)  # the prompt read the other way
+        assert other != task.reference, task.reference
+        namespace: dict = {}
+        exec(other, namespace)  # our own generated one-liners, not model output
+        first = visible_tests(task)[0]
+        assert eval(first["call"], namespace) != first["expected"], (task.prompt, other, first)
+    # "s cut by 8" has no 6-letter test that tells s[8:] from s[:-8]: those draw longer strings
+    cut_long = [t for t in tasks if "cut by" in t.prompt or "trimmed by" in t.prompt if int(t.prompt[-2]) >= 6]
+    assert cut_long and all(len(eval(visible_tests(t)[0]["call"][2:-1])) > int(t.prompt[-2]) for t in cut_long)
+
+
 def test_humaneval_docstring_examples_become_visible_tests(tmp_path: Path) -> None:
     # a literal result after a single call of the entry point; print(...), non-literals are left out
     assert docstring_examples(HUMANEVAL_PROMPT, "add") == [{"call": "add(2, 3)", "expected": 5},

@@ -11,9 +11,10 @@ references under 42, one surface form per template. Difficulty 1 is learnable by
 - code (verifier "code"): `Write f(x) returning x plus 3.` -> reference `def f(x): return x+3`, 4 tests
     ({"call": "f(2)", "expected": 5}), the first 2 also in metadata["visible_tests"] (what a repair episode runs
     and shows). No program prefix: the completion is the whole program.
-    1: x op k   2: x*k1+k2, (x+k1)*k2   3: string ops   4: list ops   5: two arguments, conditionals, % and //,
-    and prompts with two readings that only the tests settle ("x shifted by 7": plus or minus), so a first attempt
-    fails about half the time and the visible test's failure ("f(2): expected 9, got -5") tells the fix
+    1: x op k   2: x*k1+k2, (x+k1)*k2   3: string ops   4: list ops   5: prompts with two readings that only the
+    tests settle ("x shifted by 7": plus or minus; "s cut by 3": which end; "an extreme of xs": max or min), so
+    a first attempt fails about half the time and the visible test's failure ("f(2): expected 9, got -5") tells
+    the fix; the first visible test always tells the two readings apart
 - extraction (verifier "json_rules"): `Extract name and age as JSON: Bob is 31.` ->
     `{"name":"Bob","age":31}` (compact JSON; any formatting verifies), metadata {"schema": ...} (a closed
     object with typed fields).
@@ -138,29 +139,29 @@ _CODE: dict[int, list[_Tpl]] = {
         ("{v} sorted", "sorted({v})", lambda: lambda xs: sorted(xs), "list"),
     ],
     5: [
-        ("a times b plus {k}", "a*b+{k}", lambda k: lambda a, b: a * b + k, "pair"),
-        ("a minus b times {k2}", "a-b*{k2}", lambda k2: lambda a, b: a - b * k2, "pair"),
-        ("max of a, b plus {k}", "max(a,b)+{k}", lambda k: lambda a, b: max(a, b) + k, "pair"),
-        ("{k} if {v} is even else {v}", "{k} if {v}%2==0 else {v}", lambda k: lambda x: k if x % 2 == 0 else x,
-         "int"),
-        ("{v} mod {k2}", "{v}%{k2}", lambda k2: lambda x: x % k2, "int"),
-        ("{v} floor-divided by {k2}", "{v}//{k2}", lambda k2: lambda x: x // k2, "int"),
-        ("abs of {v} minus {k}", "abs({v}-{k})", lambda k: lambda x: abs(x - k), "int"),
         # Specified only by their tests: each prompt has two readings, the task's hidden choice is one of them
         # (a first attempt is right about half the time), and a failed visible test names what was expected,
-        # which tells which reading it is. Repair is learnable here; a first attempt cannot do better.
-        ("{v} shifted by {k}", "{v}+{k}", lambda k: lambda x: x + k, "int"),
-        ("{v} shifted by {k}", "{v}-{k}", lambda k: lambda x: x - k, "int"),
+        # which tells which reading it is. Repair is learnable here; a first attempt cannot do better. The
+        # constants are one digit: a repair turn copies the constant across an error message whose own numbers
+        # compete with it, and the tiny model garbled two-digit ones there (x-62 -> x+6; benchmarks/multiturn.py).
+        ("{v} shifted by {k2}", "{v}+{k2}", lambda k2: lambda x: x + k2, "int"),
+        ("{v} shifted by {k2}", "{v}-{k2}", lambda k2: lambda x: x - k2, "int"),
         ("{v} scaled by {k2}", "{v}*{k2}", lambda k2: lambda x: x * k2, "int"),
         ("{v} scaled by {k2}", "{v}//{k2}", lambda k2: lambda x: x // k2, "int"),
-        ("{v} with '{C}' attached", "{v}+'{C}'", lambda C: lambda s: s + C, "str"),
-        ("{v} with '{C}' attached", "'{C}'+{v}", lambda C: lambda s: C + s, "str"),
         ("{v} cut by {k2}", "{v}[{k2}:]", lambda k2: lambda s: s[k2:], "str"),
         ("{v} cut by {k2}", "{v}[:-{k2}]", lambda k2: lambda s: s[:-k2], "str"),
         ("{v} in one case", "{v}.upper()", lambda: lambda s: s.upper(), "str"),
         ("{v} in one case", "{v}.lower()", lambda: lambda s: s.lower(), "str"),
         ("{v} ordered", "sorted({v})", lambda: lambda xs: sorted(xs), "list"),
         ("{v} ordered", "sorted({v},reverse=True)", lambda: lambda xs: sorted(xs, reverse=True), "list"),
+        ("an extreme of {v}", "max({v})", lambda: lambda xs: max(xs), "list"),
+        ("an extreme of {v}", "min({v})", lambda: lambda xs: min(xs), "list"),
+        ("{v} stepped by {k2}", "{v}+{k2}", lambda k2: lambda x: x + k2, "int"),
+        ("{v} stepped by {k2}", "{v}-{k2}", lambda k2: lambda x: x - k2, "int"),
+        ("{v} resized by {k2}", "{v}*{k2}", lambda k2: lambda x: x * k2, "int"),
+        ("{v} resized by {k2}", "{v}//{k2}", lambda k2: lambda x: x // k2, "int"),
+        ("{v} trimmed by {k2}", "{v}[{k2}:]", lambda k2: lambda s: s[k2:], "str"),
+        ("{v} trimmed by {k2}", "{v}[:-{k2}]", lambda k2: lambda s: s[:-k2], "str"),
     ],
 }
 _VARS = {"int": ("x", "n", "a", "y", "k", "m"), "str": ("s", "t", "w", "u", "z"),
@@ -169,11 +170,12 @@ _LETTERS = "abcdef"  # test strings are made of these, so count/startswith/in te
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz-_.*#"
 
 
-def _code_args(rng: random.Random, kind: str) -> list[tuple[Any, ...]]:
+def _code_args(rng: random.Random, kind: str, longest: int = 6) -> list[tuple[Any, ...]]:
     if kind == "int":
         return [(v,) for v in rng.sample(range(-9, 30), 4)]
     if kind == "str":
-        return [("".join(rng.choice(_LETTERS) for _ in range(rng.randint(0 if i else 1, 6))),) for i in range(4)]
+        return [("".join(rng.choice(_LETTERS) for _ in range(rng.randint(0 if i else 1, longest))),)
+                for i in range(4)]
     if kind == "list":
         return [([rng.randint(-5, 20) for _ in range(rng.randint(1, 5))],) for _ in range(4)]
     return [(rng.randint(-9, 20), rng.randint(-9, 20)) for _ in range(4)]
@@ -182,21 +184,36 @@ def _code_args(rng: random.Random, kind: str) -> list[tuple[Any, ...]]:
 def _code_task(rng: random.Random, level: int) -> tuple[str, Callable[[], dict[str, Any]]]:
     prompt_t, body_t, make, kind = rng.choice(_CODE[level])
     var = rng.choice(_VARS[kind])
-    params = {"k": rng.randint(1, 99), "k2": rng.randint(2, 9), "c": rng.choice(_LETTERS),
-              "C": rng.choice(_ALPHABET)}
+    k, k2 = rng.randint(1, 99), rng.randint(2, 9)  # in this order: the draws fix every task after them
+    params: dict[str, Any] = {"k": k, "k2": k2, "c": rng.choice(_LETTERS), "C": rng.choice(_ALPHABET)}
     fill = dict(params, v=var)
     prompt = f"Write f({var}) returning {prompt_t.format(**fill)}."
 
     def finish() -> dict[str, Any]:  # only for prompts not seen yet: the tests are the costly part
-        names = make.__code__.co_varnames[:make.__code__.co_argcount]
-        fn = make(*(params[n] for n in names))
-        tests = [{"call": f"f({', '.join(repr(a) for a in arg)})", "expected": fn(*arg)}
-                 for arg in _code_args(rng, kind)]
+        fn, others = _function(make, params), [_function(m, params) for p, b, m, _ in _CODE[level]
+                                               if p == prompt_t and b != body_t]
+        args = _code_args(rng, kind)
+        if others:  # a prompt with two readings: the first (visible) test must tell them apart, or no failure
+            longest = max(6, k2 + 3)  # can say which reading was meant ("cut by 8" needs 9+ chars)
+            for _ in range(50):
+                if all(_differs(fn, other, args[0]) for other in others):
+                    break
+                args = _code_args(rng, kind, longest)
+        tests = [{"call": f"f({', '.join(repr(a) for a in arg)})", "expected": fn(*arg)} for arg in args]
         # the first two are visible (an environment runs them and shows the result); all four are hidden
         return {"prompt": prompt, "reference": f"def f({var}): return {body_t.format(**fill)}", "tests": tests,
                 "metadata": {"visible_tests": tests[:VISIBLE_CODE_TESTS]}}
 
     return prompt, finish
+
+
+def _function(make: Callable[..., Callable[..., Any]], params: dict[str, Any]) -> Callable[..., Any]:
+    """A template's python function for these parameters (`make` names the ones it takes)."""
+    return make(*(params[n] for n in make.__code__.co_varnames[:make.__code__.co_argcount]))
+
+
+def _differs(fn: Callable[..., Any], other: Callable[..., Any], arg: tuple[Any, ...]) -> bool:
+    return fn(*arg) != other(*arg)
 
 
 # ----- extraction ---------------------------------------------------------------------------------------------
