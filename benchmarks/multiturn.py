@@ -6,14 +6,31 @@ the code-repair environment showing the visible tests' failure) against a single
 
 The tiny profile's code domain only (training/profiles.py TINY: its code levels and SFT settings; the other
 domains are left out so a seed takes minutes on 2 CPU cores): task set -> SFT -> rl_round_1 twice from the
-same SFT model (max_turns 1 and 2, everything else equal). Each model is then measured on the code holdout as
-evaluation measures it (training/evaluation/measure.py `self_repair`, greedy, 1 repair turn): first-attempt
-pass@1 and pass within 2 turns (self-repair@2), hidden tests. Prints one line per seed and the means; the goal
-(issue 15): multi-turn self-repair@2 at least 10 points above single-turn, first-attempt pass@1 not lower.
-Not part of `make bench` (a quality check, not a speed ratio); tests/training/test_multiturn_rl.py runs one seed.
+same SFT model (max_turns 1 and 2, everything else equal but MULTI's planting). Each model is then measured
+on the code holdout as evaluation measures it (training/evaluation/measure.py `self_repair`, greedy, 1 repair
+turn): first-attempt pass@1 and pass within 2 turns (self-repair@2), hidden tests. Prints one line per seed
+and the means; the goal (issue 15): multi-turn self-repair@2 at least 10 points above single-turn,
+first-attempt pass@1 not lower.
+Not part of `make bench` (a quality check, not a speed ratio); tests/training/test_multiturn_rl.py runs seed 0.
 
-Measured (seed 0, 40 RL steps, 2 CPU cores shared with other jobs: 1599 s): first-attempt / within 2 turns on
-60 code holdout tasks, SFT 0.800/0.800, single-turn 0.850/0.850, multi-turn 0.850/0.850: the goal is not met.
+The recipe (SFT, RL and MULTI below): SFT sees repair turns (repair_share 0.3), each round runs 150 steps, and
+the multi-turn round starts half its groups from a planted wrong first answer played on the task's mirror.
+Measured (2 CPU cores, two seeds at a time with OMP_NUM_THREADS=1), first attempt / within 2 turns on the code
+holdout, SFT | single-turn round | multi-turn round, then the repair@2 gain and the first-attempt change:
+    seed 0 (n=56): .768/.839 | .750/.804 | .804/.964   +16.1, +5.4 points   1589 s
+    seed 1 (n=55): .800/.855 | .745/.800 | .818/.873   +7.3, +7.3 points    2580 s (three jobs on 2 cores)
+    seed 2 (n=56): .696/.696 | .750/.786 | .750/.875   +8.9, +0.0 points    2776 s (three jobs on 2 cores)
+    mean: +10.8 points of self-repair@2, first attempts +4.2: the goal holds on the mean; seed 0 alone meets
+    both parts, seeds 1 and 2 fall short of +10 (the holdouts are small: one task is 1.8 points).
+What made the difference is the code level 5 the tiny profile has now (training/tasksets/generators.py): only
+prompts with two readings, one-digit constants, and a first visible test that tells the readings apart. With
+it, paying for the second answer (`--set rl_round.turn_cost=0.2`, seed 0: .768/.839 | .750/.804 | .714/.821,
++1.8 and -3.6 points, 1488 s) takes away what the round teaches.
+
+How it got here, with the earlier level 5 (two-reading prompts with two-digit constants beside two-argument,
+modular and conditional functions; seed 0, 60 code holdout tasks, SFT | single-turn | multi-turn):
+First (40 RL steps, 2 CPU cores shared with other jobs: 1599 s): SFT 0.800/0.800, single-turn 0.850/0.850,
+multi-turn 0.850/0.850: the goal is not met.
 The SFT model answers a repair turn with text that does not parse (it never saw one), and ~5% of episodes reach
 a second turn (first attempts pass the visible tests 94% of the time), too little signal in 40 steps.
 With `--set sft.repair_share=0.3` (SFT sees repair turns; its second answers then parse): 40 steps 0.850/0.850,
@@ -52,7 +69,10 @@ them; sampled turn 2 repairs 12 of 72 (single-turn 6 of 79). At 150 steps (1713 
 .867/.883, +3.3 points again. With the 2-layer model and SFT's repair attempts always read the other way (no
 off-by-one constants in SFT either; 628 s): .800/.800 | .883/.883 | .867/.883, and turn 2 still changes
 constants (y-70 -> y-71): the garbled constants are not learned from SFT's off-by-one examples. Batched and
-one-at-a-time greedy episodes give the same answers (no padding effect).
+one-at-a-time greedy episodes give the same answers (no padding effect). So the turn-2 failure was copying a
+two-digit constant across an error text whose own numbers compete with it: the prompts with one-digit constants
+that replaced them (the same recipe at 150 steps, before the first visible test had to tell the readings
+apart: .768/.804 | .804/.821 | .750/.964) gave the first clean flips in greedy turn 2.
 """
 
 from __future__ import annotations
@@ -73,8 +93,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from benchmarks.lift_seeds import parse_overrides  # noqa: E402
 
-# The code-only slice of the tiny profile; the RL knobs both rounds share (only max_turns differs).
-RL = {"domain_weights": {"code": 1.0}, "steps": 40, "checkpoint_every": 0, "holdout_per_domain": 0}
+# The code-only slice of the tiny profile; the RL knobs both rounds share (only max_turns and planting differ).
+RL = {"domain_weights": {"code": 1.0}, "steps": 150, "checkpoint_every": 0, "holdout_per_domain": 0}
+# SFT shows repair turns (a wrong attempt, the visible test's failure, the fix), so a second answer parses.
+SFT = {"repair_share": 0.3}
+# The multi-turn round only: half its groups start from a planted wrong first answer, and on a train prompt the
+# planted group plays the task's mirror (tests asking for the planted answer), so the error, not a memorised
+# reference, says what to write.
+MULTI = {"planted_share": 0.5, "planted_mirrors": True}
 
 
 def configs(seed: int, overrides: dict[str, dict]) -> dict[str, dict[str, Any]]:
@@ -83,8 +109,8 @@ def configs(seed: int, overrides: dict[str, dict]) -> dict[str, dict[str, Any]]:
     code_levels = TINY["taskset"]["domain_difficulties"]["code"]
     taskset = {"seed": seed, "counts": {"code": TINY["taskset"]["counts"]["code"]}, "mix": {"code": 1.0},
                "difficulties": code_levels, "mix_tolerance": 0.1, **overrides.get("taskset", {})}
-    sft = {"seed": seed, **TINY["sft"], **overrides.get("sft", {})}
-    rl = {"seed": seed, **TINY["rl_round"], **RL, **overrides.get("rl_round", {})}
+    sft = {"seed": seed, **TINY["sft"], **SFT, **overrides.get("sft", {})}
+    rl = {"seed": seed, **TINY["rl_round"], **RL, **MULTI, **overrides.get("rl_round", {})}
     return {"taskset": taskset, "sft": sft, "rl_round": rl}
 
 

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import pytest
 
-# Measured (benchmarks/multiturn.py --seeds 0, 40 RL steps, 2 shared CPU cores under load, 1599 s): code holdout
-# first-attempt pass@1 / self-repair@2: SFT 0.800/0.800, single-turn round 0.850/0.850, multi-turn round
-# 0.850/0.850. The goal does not hold yet: the tiny SFT model has never seen a repair turn (TINY sft has no
-# repair_share), its second answers do not parse, and only ~5% of training episodes reach a second turn. The
-# With sft.repair_share=0.3 and 150 steps: 0.850/0.850, 0.833/0.833, 0.867/0.867 (no greedy turn-2 repair). The
-# assertion stays as the issue states it; the test is skipped (its cost is also far over budget) until a
-# profile meets it. Planted first attempts (rl_round.planted_share) and mirrored SFT repairs (sft.repair_mirrors)
-# did not meet it either: benchmarks/multiturn.py's docstring has those figures.
-pytestmark = [pytest.mark.slow, pytest.mark.skip(
-    reason="goal not met yet (seed 0: self-repair@2 gain +0.000, first-attempt pass@1 change +0.000); "
-           "see the comment above and benchmarks/multiturn.py")]
+# The benchmark's recipe (benchmarks/multiturn.py SFT, RL, MULTI: SFT with repair turns, 150 steps per round, the
+# multi-turn round planting half its first answers on mirrored tasks) on the tiny profile's code level 5 of
+# two-reading prompts, first attempt / within 2 turns, single-turn | multi-turn round: seed 0 .750/.804 |
+# .804/.964 (+16.1 points, first attempts +5.4), seed 1 +7.3/+7.3, seed 2 +8.9/+0.0; the mean over the three
+# meets the goal (+10.8, +4.2), seeds 1 and 2 alone do not. Those ran at one thread per process (two seeds at a
+# time); this test runs at the suite's two threads, where float rounding differs and the tiny run is sensitive
+# to it, and it has not been run to the end there yet: it stays skipped until it has (its ~15 minutes alone are
+# also past the suite's budget).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400), pytest.mark.skip(
+    reason="not yet run to the end at the suite's thread count (benchmarks/multiturn.py: seed 0 gains +16.1 "
+           "points at one thread; the mean of seeds 0-2 meets the goal, seeds 1 and 2 alone do not)")]
 
 SEED = 0
 
@@ -27,6 +27,7 @@ def test_multi_turn_round_beats_single_turn_on_self_repair(tmp_path, local_mlflo
     from benchmarks.multiturn import run_seed
 
     r = run_seed(SEED, {}, tmp_path, own_tracking=False)
+    print({name: {k: round(v, 3) for k, v in figures.items()} for name, figures in r.items()})
     single, multi = r["single"], r["multi"]
     assert multi["within2"] - single["within2"] >= 0.10, r
     assert multi["first"] >= single["first"], r
