@@ -14,7 +14,7 @@ sit in), a low RL learning rate (>= 3e-4 collapsed the holdout) and 150 steps pe
 towards math and code. `python benchmarks/tiny_dimensions.py` measures every dimension; seed 0 gave greedy
 holdout pass@1 SFT -> round 2: math 58.1 -> 79.4, code 71.7 -> 81.7, extraction 47.5 -> 72.5, instruction
 65.0 -> 77.5, with an earlier code level 5 (two-argument, modular and conditional functions beside the two-reading
-prompts, whose constants had two digits). With today's level 5, the lift test's own holdout (seed 0, 460 s):
+prompts, whose constants had two digits). With the current level 5, the lift test's own holdout (seed 0, 460 s):
 math 74.4 -> 95.0, code 75.0 -> 76.8, extraction 45.0 -> 62.5, instruction 52.5 -> 65.0.
 """
 

@@ -165,7 +165,7 @@ _CODE: dict[int, list[_Tpl]] = {
     ],
 }
 _VARS = {"int": ("x", "n", "a", "y", "k", "m"), "str": ("s", "t", "w", "u", "z"),
-         "list": ("xs", "ys", "ns", "vs", "ws"), "pair": ("a,b",)}
+         "list": ("xs", "ys", "ns", "vs", "ws")}
 _LETTERS = "abcdef"  # test strings are made of these, so count/startswith/in tests are not all-False
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz-_.*#"
 
@@ -176,9 +176,7 @@ def _code_args(rng: random.Random, kind: str, longest: int = 6) -> list[tuple[An
     if kind == "str":
         return [("".join(rng.choice(_LETTERS) for _ in range(rng.randint(0 if i else 1, longest))),)
                 for i in range(4)]
-    if kind == "list":
-        return [([rng.randint(-5, 20) for _ in range(rng.randint(1, 5))],) for _ in range(4)]
-    return [(rng.randint(-9, 20), rng.randint(-9, 20)) for _ in range(4)]
+    return [([rng.randint(-5, 20) for _ in range(rng.randint(1, 5))],) for _ in range(4)]  # "list"
 
 
 def _code_task(rng: random.Random, level: int) -> tuple[str, Callable[[], dict[str, Any]]]:
@@ -196,7 +194,7 @@ def _code_task(rng: random.Random, level: int) -> tuple[str, Callable[[], dict[s
         if others:  # a prompt with two readings: the first (visible) test must tell them apart, or no failure
             longest = max(6, k2 + 3)  # can say which reading was meant ("cut by 8" needs 9+ chars)
             for _ in range(50):
-                if all(_differs(fn, other, args[0]) for other in others):
+                if all(fn(*args[0]) != other(*args[0]) for other in others):
                     break
                 args = _code_args(rng, kind, longest)
         tests = [{"call": f"f({', '.join(repr(a) for a in arg)})", "expected": fn(*arg)} for arg in args]
@@ -210,10 +208,6 @@ def _code_task(rng: random.Random, level: int) -> tuple[str, Callable[[], dict[s
 def _function(make: Callable[..., Callable[..., Any]], params: dict[str, Any]) -> Callable[..., Any]:
     """A template's python function for these parameters (`make` names the ones it takes)."""
     return make(*(params[n] for n in make.__code__.co_varnames[:make.__code__.co_argcount]))
-
-
-def _differs(fn: Callable[..., Any], other: Callable[..., Any], arg: tuple[Any, ...]) -> bool:
-    return fn(*arg) != other(*arg)
 
 
 # ----- extraction ---------------------------------------------------------------------------------------------
