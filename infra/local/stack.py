@@ -565,22 +565,37 @@ class Stack:
         self.down(only=(svc.name,), quiet=True)
         raise StackError(f"{svc.name} did not become healthy at {svc.health_url}; last log lines:\n{tail}")
 
-    def _check_buckets(self) -> None:
+    def _check_buckets(self, answer_within_s: float = 60.0) -> None:
         """The S3 server creates its buckets before it listens; this only confirms it (an S3 server upgrade that moved
         its backends would show here, at `up`, rather than as NoSuchBucket in some stage). It creates nothing."""
-        missing = []
+        missing, unanswered = [], []
+        # A loaded machine can keep a just-started server from answering the first requests for a while (a demo
+        # once hit a 10-second limit here on 2 busy cores): each bucket gets `answer_within_s` of retries before
+        # `up` fails, and that failure names the bucket and shows the server's log rather than a socket traceback.
         for bucket in BUCKETS:
             req = urllib.request.Request(f"{self.s3_url}/{bucket}", method="HEAD")
-            try:
-                urllib.request.urlopen(req, timeout=10).close()
-            except urllib.error.HTTPError as err:
-                if err.code != 404:
-                    raise
-                missing.append(bucket)
-        if missing:
+            deadline = time.monotonic() + answer_within_s
+            while True:
+                try:
+                    wait = min(10.0, max(0.5, deadline - time.monotonic()))
+                    urllib.request.urlopen(req, timeout=wait).close()
+                    break
+                except urllib.error.HTTPError as err:
+                    if err.code != 404:
+                        raise
+                    missing.append(bucket)
+                    break
+                except OSError:
+                    if time.monotonic() >= deadline:
+                        unanswered.append(bucket)
+                        break
+                    time.sleep(1)
+        if missing or unanswered:
             tail = _tail(self.log_dir / "s3.log")
             self.down(only=("s3",), quiet=True)
-            raise StackError(f"s3 came up without bucket(s) {', '.join(missing)}; last log lines:\n{tail}")
+            problem = (f"s3 came up without bucket(s) {', '.join(missing)}" if missing
+                       else f"s3 did not answer for bucket(s) {', '.join(unanswered)} within {answer_within_s:g} s")
+            raise StackError(f"{problem}; last log lines:\n{tail}")
 
     def _write_env_file(self) -> None:
         lines = [f"export {k}={v}" for k, v in self.client_env().items()]

@@ -142,6 +142,48 @@ def test_s3_answers_only_with_its_buckets(tmp_path: Path) -> None:
         stack.down(quiet=True)
 
 
+def test_bucket_check_waits_for_a_late_s3_server_and_names_one_that_never_answers(tmp_path: Path) -> None:
+    """`up`'s bucket check rides out a server that is slow to answer its first requests (a busy machine), and one
+    that never answers fails `up` with the bucket named rather than a socket timeout. The servers here are stand-ins
+    (a listener that only answers after a second, one that never answers): a stalled s3rver cannot be caused."""
+    import http.server
+    import socket
+
+    class Buckets(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:  # noqa: N802 (the name http.server calls)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    port = free_port()
+    late = http.server.ThreadingHTTPServer(("127.0.0.1", port), Buckets, bind_and_activate=False)
+    late.allow_reuse_address = True
+
+    def serve_after_a_second() -> None:
+        time.sleep(1.0)  # until then a connection is refused, as by a server still starting
+        late.server_bind()
+        late.server_activate()
+        late.serve_forever(poll_interval=0.05)
+
+    threading.Thread(target=serve_after_a_second, daemon=True).start()
+    try:
+        Stack(tmp_path / "late", ports={"s3": port})._check_buckets(answer_within_s=20)
+    finally:
+        late.shutdown()
+        late.server_close()
+
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        stack = Stack(tmp_path / "silent", ports={"s3": silent.getsockname()[1]})
+        started = time.monotonic()
+        with pytest.raises(StackError, match=rf"s3 did not answer for bucket\(s\) {BUCKETS[0]}.* within 1.5 s"):
+            stack._check_buckets(answer_within_s=1.5)
+        assert time.monotonic() - started < 1.5 * len(BUCKETS) + 10
+
+
 def test_port_taken_by_a_stranger_is_refused(tmp_path: Path) -> None:
     import socket
 
