@@ -14,7 +14,7 @@ from training import algorithms, models
 from training.chat import PromptFormat
 from training.environments import CalculatorEnv, CodeRepairEnv, environment_for, step_all
 from training.environments.calculator import calculate
-from training.environments.episodes import run_episodes
+from training.environments.episodes import final_answer_credit, run_episodes
 from training.grpo_batches import completion_logprobs, micro_batches
 from training.rewards import score_tasks
 from training.rollout.base import Completion
@@ -194,6 +194,40 @@ def test_environment_tokens_get_no_gradient(tok, packed) -> None:
     assert torch.all(logp.grad[batch.completion_mask.bool()] != 0)  # every model token carries one
     # the environment tokens are still in the sequence the model attends to (they condition turn 2)
     assert torch.isfinite(logp[env]).all() and bool((logp[env] < 0).all())
+
+
+def test_a_repaired_episode_credits_its_final_answer_only(tok) -> None:
+    """credit_rejected_answers=False: a wrong first answer gets nothing from the repair after it (positive
+    advantage: only the final answer trains), and is pushed down with a failed episode (negative: all of it)."""
+    by_hand = Completion([11, 12, 13, 14, 15, 16, 17], "b", model_mask=[1, 1, 0, 0, 1, 1, 1], answer_starts=[0, 4])
+    assert final_answer_credit(by_hand, 0.8).model_mask == [0, 0, 0, 0, 1, 1, 1]
+    assert final_answer_credit(by_hand, -0.8) is by_hand and final_answer_credit(by_hand, 0.0) is by_hand
+    assert by_hand.model_mask == [1, 1, 0, 0, 1, 1, 1]  # the episode itself is left as it was
+    one_answer = Completion([11, 12, 13], "a", answer_starts=[0])
+    assert final_answer_credit(one_answer, 0.8) is one_answer
+    assert final_answer_credit(Completion([11, 12], "a"), 0.8).model_mask == []  # a single-turn completion
+
+    torch.manual_seed(0)
+    model = models.build_tiny_model(models.TinyModelConfig(n_layer=1, n_embd=32, n_head=2), tok).train()
+    (group,) = run_episodes(PlantedEngine(tok), PromptFormat(tok), [TASK], lambda t: CodeRepairEnv(t), 2, 2, 16)
+    ep = group[0]
+    assert ep.answers == [WRONG, RIGHT] and len(ep.answer_starts) == 2
+    wrong_ids, right_ids = (tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in (WRONG, RIGHT))
+    first = len(wrong_ids)
+    assert ep.answer_starts[0] == 0 and ep.token_ids[:first] == wrong_ids
+    assert ep.token_ids[ep.answer_starts[1]:] == right_ids and ep.answer_starts[1] > first  # the reply between
+    credited = [final_answer_credit(ep.as_completion(), a) for ep, a in zip(group, (1.0, -1.0))]
+    (batch,) = micro_batches(tok, [ep.prompt_ids], [credited], torch.tensor([1.0, -1.0]), torch.device("cpu"), 0)
+    logp = completion_logprobs(model, batch, 1.0)  # (N, L)
+    logp.retain_grad()
+    loss, _ = algorithms.grpo_loss(logp, logp.detach(), None, batch.advantages, batch.completion_mask.float(),
+                                   beta=0.0, clip_low=0.2, clip_high=0.28, agg="token-mean", kl_estimator="k3",
+                                   policy_loss="clip")
+    loss.backward()
+    assert logp.grad is not None
+    assert torch.all(logp.grad[0, :first] == 0) and torch.all(logp.grad[0, ep.answer_starts[1]:][
+        batch.completion_mask[0, ep.answer_starts[1]:].bool()] != 0)  # positive: the repair alone trains
+    assert torch.all(logp.grad[1, :first] != 0)  # negative: the wrong first answer is pushed down too
 
 
 def test_multi_turn_grpo_step_is_deterministic_and_logs_episodes(tiny_model, monkeypatch) -> None:

@@ -19,7 +19,7 @@ scores. An episode also ends when its next turn would not fit `max_context` (cou
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from training.chat import PromptFormat
@@ -46,12 +46,14 @@ class Episode:
     ended_by: str = ""  # "environment", "max_turns", "context" or "single_turn"
     reward: float | None = None  # set by the trainer once the final answer is scored
     planted: bool = False  # the first answer was planted (run_episodes' `planted`), not sampled
+    answer_starts: list[int] = field(default_factory=list)  # where each answer begins in token_ids
 
     @property
     def turns(self) -> int:
         return len(self.answers)
 
     def add_answer(self, c: Completion) -> None:
+        self.answer_starts.append(len(self.token_ids))
         self.token_ids += c.token_ids
         self.model_mask += [1] * len(c.token_ids)
         self.logprobs += list(c.logprobs) if len(c.logprobs) == len(c.token_ids) else [0.0] * len(c.token_ids)
@@ -61,6 +63,7 @@ class Episode:
     def add_planted(self, answer: str, ids: list[int]) -> None:
         """A first answer the model did not write (run_episodes' `planted`): an answer to the environment,
         masked from the loss like a reply. Its ids carry no stop token, so the reply after it closes the turn."""
+        self.answer_starts.append(len(self.token_ids))
         self.token_ids += ids
         self.model_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
@@ -80,13 +83,29 @@ class Episode:
         """The episode as the update sees it: one completion of `prompt_ids`, the final answer as its text."""
         return Completion(token_ids=list(self.token_ids), text=self.answers[-1] if self.answers else "",
                           logprobs=list(self.logprobs), finish_reason=self.finish_reason,
-                          model_mask=list(self.model_mask))
+                          model_mask=list(self.model_mask), answer_starts=list(self.answer_starts))
 
     def row(self) -> dict[str, Any]:
         """A samples-table row: every turn's answer, the tool outputs, how it ended (reward added by callers)."""
         return {"id": self.task.id, "domain": self.task.domain, "turns": self.turns, "answers": self.answers,
                 "tool_outputs": self.replies, "ended_by": self.ended_by, "planted_first": self.planted,
                 "statuses": [str(i.get("status", "")) for i in self.infos]}
+
+
+def final_answer_credit(c: Completion, advantage: float) -> Completion:
+    """The episode `c` with its earlier answers left out of the loss where its advantage is positive.
+
+    Every answer before the last was rejected by the environment (an episode goes on only after a rejection).
+    The episode's reward is the final answer's, so with one advantage for the whole row a rejected first answer
+    that a later turn repaired would be reinforced exactly like a right first answer, and first attempts get no
+    reason to be right. Here it earns nothing from the repair; with a negative advantage (the episode failed) it
+    keeps its share and is pushed down, as in a single-turn round. A single-answer completion is returned as is."""
+    if advantage <= 0 or len(c.answer_starts) < 2:
+        return c
+    start = c.answer_starts[-1]
+    mask = list(c.model_mask) if c.model_mask else [1] * len(c.token_ids)
+    mask = [0] * start + mask[start:]
+    return replace(c, model_mask=mask)
 
 
 def run_episodes(engine: Any, fmt: PromptFormat, tasks: Sequence[Task],

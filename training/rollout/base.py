@@ -31,6 +31,8 @@ class Completion:
     model_mask:    for a multi-turn episode laid out as one completion (training/environments): 1 on the tokens
                    the model generated, 0 on the environment's (its replies between turns), which the loss
                    leaves out; empty = every token is the model's.
+    answer_starts: for an episode: where each answer (the model's, or a planted first one) begins in token_ids;
+                   empty for a single-turn completion.
     """
 
     token_ids: list[int]
@@ -38,6 +40,7 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "stop"
     model_mask: list[int] = field(default_factory=list)
+    answer_starts: list[int] = field(default_factory=list)
 
 
 @runtime_checkable

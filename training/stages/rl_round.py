@@ -139,6 +139,11 @@ class GRPOConfig(ConfigBase):
     environments:       domain -> environment (training/environments) for T > 1; other domains stay single-turn.
     turn_cost:          subtracted from an episode's reward per answer after the first (0 = none): prefers
                         getting it right first.
+    credit_rejected_answers: False: where an episode's advantage is positive, its answers before the last (each
+                        one the environment rejected) leave the loss, so a wrong first answer is not reinforced
+                        for the repair that followed it (training.environments.episodes.final_answer_credit);
+                        where it is negative every answer keeps its share. True: the whole episode shares one
+                        advantage.
     planted_share:      with T > 1, the share of groups whose episodes start from a planted wrong first answer
                         instead of a sampled one (0 = none), among tasks whose environment can plant one (code
                         repair: a near miss of the reference, the task read the other way where it can be, that
@@ -215,6 +220,7 @@ class GRPOConfig(ConfigBase):
     max_turns: int = 1
     environments: dict[str, str] = field(default_factory=lambda: {"code": "code_repair"})
     turn_cost: float = 0.0
+    credit_rejected_answers: bool = True
     planted_share: float = 0.0
     planted_mirrors: bool = False
     sandbox_url: str = ""
@@ -660,6 +666,11 @@ class Round:
         if kept:
             rewards = torch.tensor([r for _, _, r in kept])  # (K, G)
             adv = algorithms.get_advantage(cfg.advantage)(rewards)  # (K, G)
+            if not cfg.credit_rejected_answers:
+                from training.environments.episodes import final_answer_credit
+
+                kept = [(t, [final_answer_credit(c, a) for c, a in zip(g, row)], r)
+                        for (t, g, r), row in zip(kept, adv.tolist())]
             with self.timer.phase("prepare"):  # laying the groups out as tensors (training.grpo_batches)
                 chunks, live = self.update_chunks(kept, adv)
             with self.timer.phase("weight_sync"):
