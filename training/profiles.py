@@ -18,9 +18,10 @@ level 5, greedy holdout pass@1 SFT -> round 2 (about 2 minutes a seed):
     seed 2: math 50.0 -> 81.9, code 73.2 -> 64.3, extraction 62.5 -> 77.5, instruction 57.5 -> 65.0
 Seed 2's code falls by 8.9 points: the bar holds on seeds 0 and 1, not 2. Code's self-repair stays at zero
 (round 2 repairs 0 of its 13, 15 and 20 failed first attempts in a second turn, as SFT did): the rounds here are
-single-turn, and SFT shows no repair turns. Making them multi-turn as in benchmarks/multiturn.py (`sft.repair_share` 0.3, `max_turns`
-2 for code, planted mirrors at 0.5) teaches repair (seed 0: 1/16 -> 11/15 repaired, every domain up; seed 1:
-2/13 -> 13/21) but cost seed 1's code first attempts 14.5 points (76.4 -> 61.8), so the profile stays single-turn.
+single-turn, and SFT shows no repair turns. Making them multi-turn as in benchmarks/multiturn.py
+(`sft.repair_share` 0.3, `max_turns` 2 for code, planted mirrors at 0.5) teaches repair (seed 0: 1/16 -> 11/15
+repaired, every domain up; seed 1: 2/13 -> 13/21) but cost seed 1's code first attempts 14.5 points (76.4 ->
+61.8), so the profile stays single-turn.
 The lift test's own holdout (seed 0): math 74.4 -> 95.0, code 75.0 -> 76.8, extraction 45.0 -> 62.5, instruction
 52.5 -> 65.0.
 """
