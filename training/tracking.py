@@ -188,6 +188,14 @@ class StageRun:
             yield
         finally:
             monitor.finish()
+            # MLflow's monitor publishes a sample only after waiting one interval; a block shorter than that
+            # (a tiny stage on a fast machine) would end with no system metrics at all. Publish what it sampled.
+            # (_logging_step counts what it published: MLflow 3.x's monitor, pinned in requirements/.)
+            if monitor._logging_step == 0:
+                sampled = monitor.aggregate_metrics()
+                if sampled:
+                    monitor.publish_metrics(sampled)
+                    monitor.mlflow_logger.flush()
 
 
 def _experiment_id(client, name: str) -> str:

@@ -75,3 +75,17 @@ def test_missing_tracking_uri_is_explained(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(tracking.TrackingUnavailable, match="MLFLOW_TRACKING_URI is not set"):
         tracking.tracking_uri()
+
+
+def test_a_stage_shorter_than_the_sampling_interval_still_logs_system_metrics(local_mlflow) -> None:
+    """MLflow's monitor publishes only after one interval: a stage that ends sooner must still show system metrics
+    (the MLflow run page's System metrics tab, which the browser test opens)."""
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    with tracking.stage_run(f"pipeline-{uuid.uuid4().hex[:8]}", "sft") as sft:
+        with sft.system_metrics(sampling_interval_s=30):
+            time.sleep(0.5)
+    metrics = MlflowClient().get_run(sft.run_id).data.metrics
+    assert "system/cpu_utilization_percentage" in metrics, sorted(metrics)
