@@ -84,8 +84,7 @@ def test_a_stage_shorter_than_the_sampling_interval_still_logs_system_metrics(lo
 
     from mlflow.tracking import MlflowClient
 
-    with tracking.stage_run(f"pipeline-{uuid.uuid4().hex[:8]}", "sft") as sft:
-        with sft.system_metrics(sampling_interval_s=30):
-            time.sleep(0.5)
+    with tracking.stage_run(f"pipeline-{uuid.uuid4().hex[:8]}", "sft") as sft, sft.system_metrics(30):
+        time.sleep(0.5)
     metrics = MlflowClient().get_run(sft.run_id).data.metrics
     assert "system/cpu_utilization_percentage" in metrics, sorted(metrics)
