@@ -171,6 +171,18 @@ def test_mirrored_plants_start_from_the_reference_and_ask_for_the_near_miss() ->
     assert all(played[i] is tasks[i] and firsts[i] == plants[i] for i in kept)
 
 
+def logprobs_after_backward(model, batch) -> torch.Tensor:
+    """The batch's completion log-probs (N, L) after one GRPO loss's backward, with their gradient kept."""
+    logp = completion_logprobs(model, batch, 1.0)
+    logp.retain_grad()
+    loss, _ = algorithms.grpo_loss(logp, logp.detach(), None, batch.advantages, batch.completion_mask.float(),
+                                   beta=0.0, clip_low=0.2, clip_high=0.28, agg="token-mean", kl_estimator="k3",
+                                   policy_loss="clip")
+    loss.backward()
+    assert logp.grad is not None
+    return logp
+
+
 @pytest.mark.parametrize("packed", [True, False])
 def test_environment_tokens_get_no_gradient(tok, packed) -> None:
     torch.manual_seed(0)
@@ -183,13 +195,7 @@ def test_environment_tokens_get_no_gradient(tok, packed) -> None:
                              torch.device("cpu"), 0, packed=packed)
     env = torch.tensor([[m == 0 for m in c.model_mask] for c in completions])  # (N, L) environment tokens
     assert bool(env.any()) and not bool((batch.completion_mask.bool() & env).any())
-    logp = completion_logprobs(model, batch, 1.0)  # (N, L)
-    logp.retain_grad()
-    loss, _ = algorithms.grpo_loss(logp, logp.detach(), None, batch.advantages, batch.completion_mask.float(),
-                                   beta=0.0, clip_low=0.2, clip_high=0.28, agg="token-mean", kl_estimator="k3",
-                                   policy_loss="clip")
-    loss.backward()
-    assert logp.grad is not None
+    logp = logprobs_after_backward(model, batch)  # (N, L), .grad set
     assert torch.all(logp.grad[env] == 0)  # no gradient flows from any environment token
     assert torch.all(logp.grad[batch.completion_mask.bool()] != 0)  # every model token carries one
     # the environment tokens are still in the sequence the model attends to (they condition turn 2)
@@ -218,13 +224,7 @@ def test_a_repaired_episode_credits_its_final_answer_only(tok) -> None:
     assert ep.token_ids[ep.answer_starts[1]:] == right_ids and ep.answer_starts[1] > first  # the reply between
     credited = [final_answer_credit(ep.as_completion(), a) for ep, a in zip(group, (1.0, -1.0))]
     (batch,) = micro_batches(tok, [ep.prompt_ids], [credited], torch.tensor([1.0, -1.0]), torch.device("cpu"), 0)
-    logp = completion_logprobs(model, batch, 1.0)  # (N, L)
-    logp.retain_grad()
-    loss, _ = algorithms.grpo_loss(logp, logp.detach(), None, batch.advantages, batch.completion_mask.float(),
-                                   beta=0.0, clip_low=0.2, clip_high=0.28, agg="token-mean", kl_estimator="k3",
-                                   policy_loss="clip")
-    loss.backward()
-    assert logp.grad is not None
+    logp = logprobs_after_backward(model, batch)  # (N, L), .grad set
     assert torch.all(logp.grad[0, :first] == 0) and torch.all(logp.grad[0, ep.answer_starts[1]:][
         batch.completion_mask[0, ep.answer_starts[1]:].bool()] != 0)  # positive: the repair alone trains
     assert torch.all(logp.grad[1, :first] != 0)  # negative: the wrong first answer is pushed down too
