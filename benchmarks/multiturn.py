@@ -29,7 +29,7 @@ those ran two or three jobs at once on the 2 cores, 1589-2776 s a seed).
 Variations of the multi-turn round (2 threads; seed 0 unless said; multi-turn first / within 2, gain, change):
     planted_share 0.4: .714/.982 (+19.6, -5.4); seed 1 .818/.927 (+10.9, +9.1).
     turn_cost 0.05: .732/.982 (+19.6, -3.6).
-    credit_rejected_answers false (a repaired episode trains its final answer only): seeds 0-2 .714/.982,
+    answer_credit final (a repaired episode trains its final answer only): seeds 0-2 .714/.982,
       .800/.927, .750/.946 (+19.6/-5.4, +10.9/+7.3, +16.1/-3.6; mean +15.5, -0.6): no help to first attempts.
     planted_mirrors false: .768/.821 (+3.6, +0.0): first attempts hold, but the mirrors are what teach repair;
       what they teach (the same prompt, the other reading, after an error) is also what costs seed 0 its two
@@ -126,8 +126,9 @@ def configs(seed: int, overrides: dict[str, dict]) -> dict[str, dict[str, Any]]:
     return {"taskset": taskset, "sft": sft, "rl_round": rl}
 
 
-def measure(run: str, stage_name: str, holdout: list, max_new_tokens: int) -> dict[str, float]:
-    """First-attempt pass@1 and pass within 2 turns on the code holdout, as evaluation measures them."""
+def measure(run: str, stage_name: str, holdout: list, max_new_tokens: int) -> dict[str, Any]:
+    """First-attempt pass@1 and pass within 2 turns on the code holdout, as evaluation measures them, and the
+    first attempts passed per code level ({level: [passed, total]})."""
     from training import models, storage
     from training.chat import PromptFormat
     from training.evaluation.measure import context_limit, repair_report, self_repair
@@ -143,12 +144,17 @@ def measure(run: str, stage_name: str, holdout: list, max_new_tokens: int) -> di
     within, cut = self_repair(engine, holdout, cfg, fmt, context_limit(model))
     report = repair_report(list(within.values()), sum(cut.values()))
     total = report["first_attempt"]["total"]
+    by_level: dict[int, list[int]] = {}
+    for i, w in within.items():
+        counts = by_level.setdefault(holdout[i].difficulty, [0, 0])
+        counts[0] += int(w[0])
+        counts[1] += 1
     return {"first": report["first_attempt"]["passed"] / total, "within2": report["pass_within"]["2"]["passed"] / total,
-            "total": total}
+            "total": total, "first_by_level": dict(sorted(by_level.items()))}
 
 
 def run_seed(seed: int, overrides: dict[str, dict], root: Path,
-             own_tracking: bool = True) -> dict[str, dict[str, float]]:
+             own_tracking: bool = True) -> dict[str, dict[str, Any]]:
     """The three models' figures for one seed, runs under `root`; `own_tracking`: a SQLite MLflow store there
     (a test passes False and brings its own)."""
     from training import stage, storage
@@ -220,6 +226,10 @@ def main() -> int:
             cells = " | ".join(f"{r[k]['first']:.3f} / {r[k]['within2']:.3f}" for k in ("sft", "single", "multi"))
             print(f"{seed:>4}  {cells}  (n={r['sft']['total']})  |  {gain:+.3f}, {change:+.3f}"
                   f"  {time.perf_counter() - t0:.0f}s", flush=True)
+            # level 5's prompts have two readings and the task's is a coin flip: no first attempt beats chance
+            levels = "; ".join(f"{k}: " + ", ".join(f"L{lv} {p}/{n}" for lv, (p, n) in r[k]["first_by_level"].items())
+                               for k in ("sft", "single", "multi"))
+            print(f"      first attempts by code level: {levels}", flush=True)
     mean_gain, mean_change = sum(gains) / len(gains), sum(changes) / len(changes)
     print(f"mean: self-repair@2 gain {mean_gain:+.3f}, first-attempt pass@1 change {mean_change:+.3f}; goal: gain >= "
           f"+0.100 and change >= 0: {'met' if mean_gain >= 0.10 and mean_change >= 0 else 'NOT met'} "

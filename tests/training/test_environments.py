@@ -14,7 +14,7 @@ from training import algorithms, models
 from training.chat import PromptFormat
 from training.environments import CalculatorEnv, CodeRepairEnv, environment_for, step_all
 from training.environments.calculator import calculate
-from training.environments.episodes import final_answer_credit, run_episodes
+from training.environments.episodes import Episode, final_answer_credit, run_episodes, split_first_answer
 from training.grpo_batches import completion_logprobs, micro_batches
 from training.rewards import score_tasks
 from training.rollout.base import Completion
@@ -203,7 +203,7 @@ def test_environment_tokens_get_no_gradient(tok, packed) -> None:
 
 
 def test_a_repaired_episode_credits_its_final_answer_only(tok) -> None:
-    """credit_rejected_answers=False: a wrong first answer gets nothing from the repair after it (positive
+    """answer_credit="final": a wrong first answer gets nothing from the repair after it (positive
     advantage: only the final answer trains), and is pushed down with a failed episode (negative: all of it)."""
     by_hand = Completion([11, 12, 13, 14, 15, 16, 17], "b", model_mask=[1, 1, 0, 0, 1, 1, 1], answer_starts=[0, 4])
     assert final_answer_credit(by_hand, 0.8).model_mask == [0, 0, 0, 0, 1, 1, 1]
@@ -228,6 +228,67 @@ def test_a_repaired_episode_credits_its_final_answer_only(tok) -> None:
     assert torch.all(logp.grad[0, :first] == 0) and torch.all(logp.grad[0, ep.answer_starts[1]:][
         batch.completion_mask[0, ep.answer_starts[1]:].bool()] != 0)  # positive: the repair alone trains
     assert torch.all(logp.grad[1, :first] != 0)  # negative: the wrong first answer is pushed down too
+
+
+def test_turn_level_credit_gives_first_answers_their_own_advantage(tok) -> None:
+    """answer_credit="turn": a first answer is scored and credited on its own, the later answers take the
+    episode's advantage, and a group that always ends right but not always first time still trains."""
+    from training import algorithms
+    from training.stages.rl_round import first_answer_rewards, turn_credit_rows
+
+    def episode(*answers: str, planted: bool = False) -> Episode:
+        ep = Episode(TASK, None, [1, 2])
+        for k, a in enumerate(answers):
+            ids = tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            if k == 0 and planted:
+                ep.add_planted(a, ids[:-1])
+            else:
+                ep.add_answer(Completion(ids, a, [-0.5] * len(ids)))
+            if k < len(answers) - 1:
+                ep.add_reply("# error", [7, 8])
+        return ep
+
+    right_first, repaired, failed = episode(RIGHT), episode(WRONG, RIGHT), episode(WRONG, WRONG)
+    first, rest = split_first_answer(repaired.as_completion(), repaired.answers[0])
+    cut = repaired.answer_starts[1] - 2  # the first answer ends where the reply's 2 tokens begin
+    assert first.token_ids == repaired.token_ids[:cut] and first.text == WRONG and first.model_mask == [1] * cut
+    assert first.logprobs == repaired.logprobs[:cut] and first.answer_starts == [0]
+    assert rest.token_ids == repaired.token_ids and rest.model_mask == [0] * cut + repaired.model_mask[cut:]
+    only_first, nothing_left = split_first_answer(right_first.as_completion(), RIGHT)
+    assert only_first.token_ids == right_first.token_ids and not any(nothing_left.model_mask)
+
+    # the verifier: RIGHT passes; first answers a later turn replaced are scored again, the others are not
+    asked: list[str] = []
+
+    def score(tasks: list, answers: list[str]) -> list[float]:
+        asked.extend(answers)
+        return [float(a == RIGHT) for a in answers]
+
+    groups = [[right_first, repaired, failed, episode(RIGHT)],  # split: some went past one answer
+              [episode(RIGHT), episode(RIGHT)],  # every episode ended at its first answer: not split
+              [episode(WRONG, RIGHT, planted=True), episode(WRONG, WRONG, planted=True)]]  # planted: not split
+    finals = [1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0]
+    assert first_answer_rewards(groups, finals, score) == [[1.0, 0.0, 0.0, 1.0], None, None]
+    assert asked == [WRONG, WRONG]
+
+    grpo = algorithms.get_advantage("grpo")
+    completions = [[ep.as_completion() for ep in g] for g in groups]
+    split = ([split_first_answer(c, ep.answers[0]) for c, ep in zip(completions[0], groups[0])],
+             [1.0, 0.0, 0.0, 1.0])
+    kept = [(TASK, completions[0], [1.0, 1.0, 0.0, 1.0])]
+    rows, adv = turn_credit_rows(kept, [split], grpo(torch.tensor([[1.0, 1.0, 0.0, 1.0]])), grpo, True)
+    # hand-computed: episodes [1, 1, 0, 1]: mean .75, sample std .5; first answers [1, 0, 0, 1]: mean .5, std .5774
+    assert torch.allclose(adv, torch.tensor([[0.866, -0.866, -0.866, 0.866], [0.5, 0.5, -1.5, 0.5]]), atol=1e-3)
+    assert [c.text for c in rows[0][1]] == [RIGHT, WRONG, WRONG, RIGHT] and rows[0][2] == [1.0, 0.0, 0.0, 1.0]
+    assert rows[1][1][1].model_mask[:cut] == [0] * cut and any(rows[1][1][1].model_mask[cut:])
+    # always right in the end, not always first time: only the first answers train (the episodes are flat)
+    flat_end = (TASK, completions[0][:2], [1.0, 1.0])
+    rows, adv = turn_credit_rows([flat_end], [(split[0][:2], [1.0, 0.0])], torch.zeros(1, 2), grpo, True)
+    assert len(rows) == 1 and torch.allclose(adv, torch.tensor([[0.7071, -0.7071]]), atol=1e-3)
+    # without dynamic sampling both parts stay; an unsplit group passes as it was
+    rows, adv = turn_credit_rows([flat_end, (TASK, completions[1], [1.0, 1.0])], [(split[0][:2], [1.0, 0.0]), None],
+                                 torch.zeros(2, 2), grpo, False)
+    assert len(rows) == 3 and rows[2][1] == completions[1] and adv.shape == (3, 2)
 
 
 def test_multi_turn_grpo_step_is_deterministic_and_logs_episodes(tiny_model, monkeypatch) -> None:
@@ -266,6 +327,13 @@ def test_multi_turn_grpo_step_is_deterministic_and_logs_episodes(tiny_model, mon
     rnd = Round.build(single, 1, copy.deepcopy(model).train(), tok, copy.deepcopy(model).eval(), tasks,
                       torch.device("cpu"))
     assert not any(k.startswith("episode/") for k in rnd.step(0)) and rnd.last_episodes == []
+    # turn-level credit: every group went past one answer, so each is split, its first answers scored alone
+    turn = dataclasses.replace(cfg, answer_credit="turn")
+    rnd = Round.build(turn, 1, copy.deepcopy(model).train(), tok, copy.deepcopy(model).eval(), tasks,
+                      torch.device("cpu"))
+    m = rnd.step(0)
+    firsts = [len(ep.answers[0]) % 2 for ep in rnd._episodes]
+    assert len(firsts) == 12 and m["episode/first_answer_reward"] == sum(firsts) / 12 and m["train/grad_norm"] > 0
 
 
 class AgainEnv:

@@ -108,6 +108,21 @@ def final_answer_credit(c: Completion, advantage: float) -> Completion:
     return replace(c, model_mask=mask)
 
 
+def split_first_answer(c: Completion, first_text: str) -> tuple[Completion, Completion]:
+    """An episode as two rows for turn-level credit (`answer_credit="turn"`): its first answer (sampled, not
+    planted) alone, a completion of the opening prompt exactly as a single-turn round samples it (`first_text`
+    its text), and the whole episode with that answer masked, so the later answers can take the episode's
+    advantage and the first its own. A single-answer episode's second row has no model token left (it adds
+    nothing to the loss)."""
+    mask = list(c.model_mask) if c.model_mask else [1] * len(c.token_ids)
+    # the first answer ends where the environment's reply begins (its first masked token)
+    end = next((k for k, m in enumerate(mask) if not m), len(mask))
+    first = Completion(token_ids=c.token_ids[:end], text=first_text, logprobs=list(c.logprobs[:end]),
+                       finish_reason="stop" if end < len(c.token_ids) else c.finish_reason,
+                       model_mask=mask[:end], answer_starts=[0])
+    return first, replace(c, model_mask=[0] * end + mask[end:])
+
+
 def run_episodes(engine: Any, fmt: PromptFormat, tasks: Sequence[Task],
                  make_env: Callable[[Task], Environment | None], n_samples: int, max_turns: int,
                  max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,

@@ -55,8 +55,12 @@ from training.rollout.base import length_cut_share
 from training.stage import StageContext, rl_round_stage
 from training.tasksets.schema import Task
 
-
 # ----- config -------------------------------------------------------------------------------------------------
+ANSWER_CREDITS = ("episode", "final", "turn")  # GRPOConfig.answer_credit
+# answer_credit "turn": a group's episodes each split into (first answer, the rest), and the first answers' rewards
+FirstSplit = tuple[list[tuple[Completion, Completion]], list[float]]
+
+
 @dataclass(frozen=True)
 class GRPOConfig(ConfigBase):
     """One GRPO round (stage `rl_round_<N>`).
@@ -139,11 +143,17 @@ class GRPOConfig(ConfigBase):
     environments:       domain -> environment (training/environments) for T > 1; other domains stay single-turn.
     turn_cost:          subtracted from an episode's reward per answer after the first (0 = none): prefers
                         getting it right first.
-    credit_rejected_answers: False: where an episode's advantage is positive, its answers before the last (each
-                        one the environment rejected) leave the loss, so a wrong first answer is not reinforced
-                        for the repair that followed it (training.environments.episodes.final_answer_credit);
-                        where it is negative every answer keeps its share. True: the whole episode shares one
-                        advantage.
+    answer_credit:      how an episode's answers share credit. "episode" (default): the whole episode takes one
+                        advantage, so a wrong first answer that a later turn repaired is reinforced like a right
+                        one. "final": where the advantage is positive, the answers before the last (each one the
+                        environment rejected) leave the loss (training.environments.episodes.final_answer_credit);
+                        where it is negative every answer keeps its share. "turn" (turn-level credit, as in
+                        Zeng et al. 2025, "Reinforcing Multi-Turn Reasoning in LLM Agents via Turn-Level Credit
+                        Assignment"): in a group the model opened itself (not planted) where some episode went
+                        past one answer, each first answer takes its own group-relative advantage from the
+                        verifier's score of that answer alone (exactly a single-turn round's signal) and the later
+                        answers take the episode's; such a group is informative when either set of rewards varies
+                        (a group that always ends right but not always first time still trains first attempts).
     planted_share:      with T > 1, the share of groups whose episodes start from a planted wrong first answer
                         instead of a sampled one (0 = none), among tasks whose environment can plant one (code
                         repair: a near miss of the reference, the task read the other way where it can be, that
@@ -220,7 +230,7 @@ class GRPOConfig(ConfigBase):
     max_turns: int = 1
     environments: dict[str, str] = field(default_factory=lambda: {"code": "code_repair"})
     turn_cost: float = 0.0
-    credit_rejected_answers: bool = True
+    answer_credit: str = "episode"
     planted_share: float = 0.0
     planted_mirrors: bool = False
     sandbox_url: str = ""
@@ -245,6 +255,8 @@ class GRPOConfig(ConfigBase):
         if not 0.0 <= self.planted_share <= 1.0 or (self.planted_share > 0 and self.max_turns < 2):
             raise ValueError(f"planted_share must be in [0, 1] and needs max_turns >= 2, got "
                              f"{self.planted_share} with max_turns {self.max_turns}")
+        if self.answer_credit not in ANSWER_CREDITS:
+            raise ValueError(f"answer_credit {self.answer_credit!r}: use one of {', '.join(ANSWER_CREDITS)}")
         if self.planted_mirrors and self.planted_share <= 0:
             raise ValueError("planted_mirrors needs planted_share > 0")
         from training.environments import ENVIRONMENTS
@@ -455,6 +467,8 @@ class Round:
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
     _openings: dict[str, list[int]] = field(default_factory=dict)  # an environment's opening prompt per task
     _episodes: list[Any] = field(default_factory=list)  # the current draw's episodes (multi-turn)
+    # answer_credit "turn": the current draw's groups split for turn-level credit (None: not split)
+    _first_splits: list[FirstSplit | None] = field(default_factory=list)
     trainer: Any = None  # the module the update runs through: DDP around `model`, or `model` (FSDP, 1 process)
     rollout_model: Any = None  # what the hf engine samples from: `model`, or a full replica under FSDP
     timer: PhaseTimer = field(default_factory=PhaseTimer)  # the current step's time per phase (time/<phase>_s)
@@ -580,6 +594,15 @@ class Round:
         for ep, r in zip(flat, rewards):
             ep.reward = r
         self._episodes = flat
+        self._first_splits = [None] * len(tasks)
+        if cfg.answer_credit == "turn":
+            from training.environments.episodes import split_first_answer
+
+            with self.timer.phase("reward"):
+                firsts = first_answer_rewards(episodes, [float(r) for r in scores], score_tasks)
+            self._first_splits = [None if f is None else
+                                  ([split_first_answer(ep.as_completion(), ep.answers[0]) for ep in group], f)
+                                  for group, f in zip(episodes, firsts)]
         return [[ep.as_completion() for ep in g] for g in episodes], rewards
 
     def opening_ids(self, task: Task) -> list[int]:
@@ -626,6 +649,8 @@ class Round:
 
         # 1-4: sample until the batch has enough informative groups (bounded).
         kept: list[tuple[Task, list[Completion], list[float]]] = []
+        kept_splits: list[FirstSplit | None] = []  # answer_credit "turn": each kept group's split
+        first_rewards: list[float] = []  # and the first answers' rewards of every split group drawn
         domain_rewards: dict[str, list[float]] = defaultdict(list)
         drawn = zero_var = 0
         cut_by_length: list[float] = []
@@ -652,25 +677,35 @@ class Round:
                 domain_rewards[t.domain] += r
             keep = (algorithms.drop_zero_variance_groups(rewards) if cfg.dynamic_sampling
                     else torch.arange(len(tasks)))  # (K,)
+            splits = self._first_splits if cfg.max_turns > 1 else [None] * len(tasks)
+            if cfg.dynamic_sampling:  # answer_credit "turn": first answers that differ are informative too
+                keep = torch.tensor(sorted(set(keep.tolist()) | {i for i, sp in enumerate(splits)
+                                                                 if sp is not None and max(sp[1]) > min(sp[1])}),
+                                    dtype=torch.long)
             # a group the model wrote nothing in (a planted answer whose reply left no room) has nothing to train
             keep = torch.tensor([i for i in keep.tolist() if any(model_wrote(c) for c in groups[i])],
                                 dtype=torch.long)
             zero_var += len(tasks) - len(keep)
             kept += [(tasks[i], groups[i], rewards[i].tolist()) for i in keep.tolist()]
+            kept_splits += [splits[i] for i in keep.tolist()]
+            first_rewards += [r for sp in splits if sp is not None for r in sp[1]]
             if len(kept) >= cfg.min_informative * cfg.prompts_per_step:
                 break
-        kept = kept[:cfg.prompts_per_step]
+        kept, kept_splits = kept[:cfg.prompts_per_step], kept_splits[:cfg.prompts_per_step]
 
         # 5: the update.
         stats: dict[str, float] = {}
         if kept:
             rewards = torch.tensor([r for _, _, r in kept])  # (K, G)
             adv = algorithms.get_advantage(cfg.advantage)(rewards)  # (K, G)
-            if not cfg.credit_rejected_answers:
+            if cfg.answer_credit == "final":
                 from training.environments.episodes import final_answer_credit
 
                 kept = [(t, [final_answer_credit(c, a) for c, a in zip(g, row)], r)
                         for (t, g, r), row in zip(kept, adv.tolist())]
+            elif cfg.answer_credit == "turn":
+                kept, adv = turn_credit_rows(kept, kept_splits, adv, algorithms.get_advantage(cfg.advantage),
+                                             cfg.dynamic_sampling)
             with self.timer.phase("prepare"):  # laying the groups out as tensors (training.grpo_batches)
                 chunks, live = self.update_chunks(kept, adv)
             with self.timer.phase("weight_sync"):
@@ -701,10 +736,55 @@ class Round:
             self.last_episodes = episode_rows(episodes, step + 1, cfg.log_samples)
             metrics["episode/turns_mean"] = sum(ep.turns for ep in episodes) / len(episodes)
             metrics["episode/planted_frac"] = sum(ep.planted for ep in episodes) / len(episodes)
+            if first_rewards:  # answer_credit "turn": how the model's own first answers did, in split groups
+                metrics["episode/first_answer_reward"] = sum(first_rewards) / len(first_rewards)
             for why in ("environment", "max_turns", "context", "single_turn"):
                 metrics[f"episode/ended_by_{why}"] = sum(ep.ended_by == why for ep in episodes) / len(episodes)
         metrics.update(self.timer.metrics())  # time/<phase>_s: where this step's time went
         return metrics
+
+
+def first_answer_rewards(groups: list[list[Any]], scores: list[float],
+                         score: Callable[[list[Task], list[str]], Sequence[float]]) -> list[list[float] | None]:
+    """answer_credit "turn": per group of episodes, the verifier's score of each episode's first answer alone
+    (`scores`: each episode's final answer's, flat; `score(tasks, answers)`, the verifier, for first answers that
+    a later turn replaced), or None where the group is not split: planted (its first answer is not the model's)
+    or every episode ended at its first answer (the episode's reward is then the first answer's)."""
+    G = len(groups[0]) if groups else 0
+    rows = [(g, j) for g, group in enumerate(groups) for j, ep in enumerate(group)
+            if ep.turns > 1 and not group[0].planted]
+    again = dict(zip(rows, score([groups[g][j].task for g, j in rows],
+                                 [groups[g][j].answers[0] for g, j in rows]))) if rows else {}
+    return [None if group[0].planted or all(ep.turns == 1 for ep in group)
+            else [float(again.get((g, j), scores[g * G + j])) for j in range(len(group))]
+            for g, group in enumerate(groups)]
+
+
+def turn_credit_rows(kept: list[tuple[Task, list[Completion], list[float]]], splits: list[FirstSplit | None],
+                     adv: torch.Tensor, advantage: Callable[[torch.Tensor], torch.Tensor],
+                     informative_only: bool) -> tuple[list[tuple[Task, list[Completion], list[float]]],
+                                                      torch.Tensor]:
+    """answer_credit "turn": each kept group with a split (`splits[k]`: each episode as its first answer and the
+    rest, training.environments.episodes.split_first_answer, and the first answers' rewards) becomes two groups
+    of rows: its first answers, with advantages from their own rewards, and its episodes with the first answers
+    masked, keeping the episode's advantages (`adv[k]`). With `informative_only` (dynamic sampling) a part whose
+    rewards do not vary is left out, as a flat group would be. Other groups pass as they are. The groups to
+    update on and their advantages (K', G)."""
+    rows: list[tuple[Task, list[Completion], list[float]]] = []
+    advs: list[torch.Tensor] = []
+    for (task, group, rewards), split, a in zip(kept, splits, adv):
+        if split is None:
+            rows.append((task, group, rewards))
+            advs.append(a)
+            continue
+        pairs, first = split
+        if not informative_only or max(first) > min(first):
+            rows.append((task, [f for f, _ in pairs], first))
+            advs.append(advantage(torch.tensor([first]))[0])
+        if not informative_only or max(rewards) > min(rewards):
+            rows.append((task, [rest for _, rest in pairs], rewards))
+            advs.append(a)
+    return rows, torch.stack(advs) if advs else adv[:0]
 
 
 def model_wrote(c: Completion) -> bool:
