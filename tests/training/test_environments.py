@@ -234,7 +234,7 @@ def test_turn_level_credit_gives_first_answers_their_own_advantage(tok) -> None:
     """answer_credit="turn": a first answer is scored and credited on its own, the later answers take the
     episode's advantage, and a group that always ends right but not always first time still trains."""
     from training import algorithms
-    from training.stages.rl_round import first_answer_rewards, turn_credit_rows
+    from training.stages.rl_round import GRPOConfig, first_answer_rewards, turn_credit_rows
 
     def episode(*answers: str, planted: bool = False) -> Episode:
         ep = Episode(TASK, None, [1, 2])
@@ -289,6 +289,8 @@ def test_turn_level_credit_gives_first_answers_their_own_advantage(tok) -> None:
     rows, adv = turn_credit_rows([flat_end, (TASK, completions[1], [1.0, 1.0])], [(split[0][:2], [1.0, 0.0]), None],
                                  torch.zeros(2, 2), grpo, False)
     assert len(rows) == 3 and rows[2][1] == completions[1] and adv.shape == (3, 2)
+    with pytest.raises(ValueError, match="answer_credit 'turns': use one of episode, final, turn"):
+        GRPOConfig(answer_credit="turns")
 
 
 def test_multi_turn_grpo_step_is_deterministic_and_logs_episodes(tiny_model, monkeypatch) -> None:
