@@ -23,12 +23,23 @@ repair@2 gain and the first-attempt change:
     seed 2 (n=56): .732/.804 | .786/.786 | .786/.964    +17.9, +0.0 points
     mean: +17.3 points of self-repair@2, first attempts +1.8. Every seed gains more than 10 points; seed 0's
     first attempts fall by two tasks of 56. tests/training/test_multiturn_rl.py runs seed 1.
+Where first attempts move (the benchmark prints them per code level): on level 4 every model of every seed
+passes 30 of 30, and all the movement is on level 5, whose task picks one of its prompt's two readings at random,
+so no first attempt can beat chance there (13 of 26 expected; binomial spread about 2.5 tasks). Level 5, SFT |
+single-turn | multi-turn: seed 0 12/26 | 13/26 | 11/26, seed 1 11/25 | 10/25 | 15/25, seed 2 11/26 | 14/26 |
+14/26. Seed 0's fall and seed 1's rise are the same coin: the multi-turn round loses no first attempt that can
+be learned, and the test also checks level 4 on its own.
 The tiny run is sensitive to float rounding: at one thread per process (OMP_NUM_THREADS=1) the same recipe gave
 seed 0 .768/.839 | .750/.804 | .804/.964 (+16.1, +5.4), seed 1 +7.3/+7.3, seed 2 +8.9/+0.0 (mean +10.8, +4.2;
 those ran two or three jobs at once on the 2 cores, 1589-2776 s a seed).
 Variations of the multi-turn round (2 threads; seed 0 unless said; multi-turn first / within 2, gain, change):
     planted_share 0.4: .714/.982 (+19.6, -5.4); seed 1 .818/.927 (+10.9, +9.1).
     turn_cost 0.05: .732/.982 (+19.6, -3.6).
+    answer_credit turn (first answers scored alone, with advantages of their own; a group that always ends
+      right but not always first time is kept for its first answers): seeds 0-2 .732/.982, .782/.836, .750/.839
+      (+19.6/-3.6, +1.8/+5.5, +5.4/-3.6; mean +8.9, -0.6); level 4 stays 30/30 and level 5 moves as before.
+      The repair turn learns less (seeds 1 and 2): the kept first-answer rows share each update's token mean
+      with the repair rows.
     answer_credit final (a repaired episode trains its final answer only): seeds 0-2 .714/.982,
       .800/.927, .750/.946 (+19.6/-5.4, +10.9/+7.3, +16.1/-3.6; mean +15.5, -0.6): no help to first attempts.
     planted_mirrors false: .768/.821 (+3.6, +0.0): first attempts hold, but the mirrors are what teach repair;

@@ -13,7 +13,9 @@ import pytest
 # attempt / within 2 turns, single-turn | multi-turn round: seed 0 .768/.786 | .732/1.000 (+21.4 points, first
 # attempts -3.6: two tasks), seed 1 .727/.818 | .818/.945 (+12.7, +9.1), seed 2 .786/.786 | .786/.964 (+17.9,
 # +0.0). Every seed meets the repair goal; seed 0's first attempts fall by two of 56 tasks, so this test runs
-# seed 1, the one with a margin on both parts (seed 2 meets them with none on first attempts). About 250 s alone.
+# seed 1, the one with a margin on both parts (seed 2 meets them with none on first attempts). Every model of
+# every seed passes all 30 level-4 first attempts; the movement is on level 5, where the task's reading is a coin
+# flip (benchmarks/multiturn.py), so the learnable level is also checked on its own. About 250 s alone.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SEED = 1
@@ -28,3 +30,5 @@ def test_multi_turn_round_beats_single_turn_on_self_repair(tmp_path, local_mlflo
     single, multi = r["single"], r["multi"]
     assert multi["within2"] - single["within2"] >= 0.10, r
     assert multi["first"] >= single["first"], r
+    # level 4 is the learnable one (level 5's reading is a coin flip per task): no first attempt lost there
+    assert multi["first_by_level"][4][0] >= single["first_by_level"][4][0], r
