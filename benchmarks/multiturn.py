@@ -38,8 +38,8 @@ Variations of the multi-turn round (2 threads; seed 0 unless said; multi-turn fi
     answer_credit turn (first answers scored alone, with advantages of their own; a group that always ends
       right but not always first time is kept for its first answers): seeds 0-2 .732/.982, .782/.836, .750/.839
       (+19.6/-3.6, +1.8/+5.5, +5.4/-3.6; mean +8.9, -0.6); level 4 stays 30/30 and level 5 moves as before.
-      The repair turn learns less (seeds 1 and 2): the kept first-answer rows share each update's token mean
-      with the repair rows.
+      The repair turn learns less on seeds 1 and 2; a likely reason (not measured): the kept first-answer rows
+      share each update's token mean with the repair rows, so the repair tokens get a smaller share of each step.
     answer_credit final (a repaired episode trains its final answer only): seeds 0-2 .714/.982,
       .800/.927, .750/.946 (+19.6/-5.4, +10.9/+7.3, +16.1/-3.6; mean +15.5, -0.6): no help to first attempts.
     planted_mirrors false: .768/.821 (+3.6, +0.0): first attempts hold, but the mirrors are what teach repair;
