@@ -3,6 +3,7 @@
     python benchmarks/qwen2.py                                  # every part, sizes 5m,30m, lengths 128,512
     python benchmarks/qwen2.py --quick                          # 5m only, 128 and 512, fewer steps
     python benchmarks/qwen2.py --parts grpo --sizes 30m --lengths 512 --repeats 2
+    python benchmarks/qwen2.py --device cuda --quick              # on a GPU (infra/gpu-check.sh runs this)
 
 The models are ChatML Qwen2ForCausalLM with random weights (training/synthetic_models.py: nothing is
 downloaded; speed does not depend on what the weights know) at two sizes, about 5M and 30M parameters, and the
@@ -100,11 +101,13 @@ def grpo_ours(a: argparse.Namespace) -> dict[str, Any]:
     from training.stages.rl_round import GRPOConfig, Round
 
     model, tok = models.load_model(a.folder)
+    dev = torch.device(a.device)
+    # rollout_engine "auto": the transformers engine on a CPU, vLLM on a GPU where it is installed
     cfg = GRPOConfig(prompts_per_step=a.prompts, samples_per_prompt=a.k, max_new_tokens=a.length, temperature=1.0,
-                     beta=a.beta, lr=1e-6, dynamic_sampling=False, curriculum=False, warmup_steps=0, device="cpu",
-                     seed=a.seed, checkpoint_every=0)
-    ref = copy.deepcopy(model).eval().requires_grad_(False)
-    rnd = Round.build(cfg, 1, model.train(), tok, ref, tasks(a.seed), torch.device("cpu"))
+                     beta=a.beta, lr=1e-6, dynamic_sampling=False, curriculum=False, warmup_steps=0,
+                     device=a.device, seed=a.seed, checkpoint_every=0)
+    ref = copy.deepcopy(model).eval().requires_grad_(False).to(dev)
+    rnd = Round.build(cfg, 1, model.to(dev).train(), tok, ref, tasks(a.seed), dev)
     tokens = [0]
     generate = rnd.engine.generate
 
@@ -122,7 +125,7 @@ def grpo_ours(a: argparse.Namespace) -> dict[str, Any]:
         phases.append(dict(rnd.timer.seconds))
     elapsed = time.perf_counter() - t0
     return {"samples_s": (rnd.samples_seen - seen0) / elapsed, "tokens_s": tokens[0] / elapsed,
-            "phases": merge(phases), "params": models.count_parameters(model)}
+            "phases": merge(phases), "params": models.count_parameters(model), **gpu_peak(a)}
 
 
 def grpo_trl(a: argparse.Namespace) -> dict[str, Any]:
@@ -159,7 +162,7 @@ def grpo_trl(a: argparse.Namespace) -> dict[str, Any]:
             output_dir=out, per_device_train_batch_size=a.prompts * a.k, num_generations=a.k,
             gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
             max_completion_length=a.length, temperature=1.0, top_p=1.0, top_k=0, beta=a.beta,
-            learning_rate=1e-6, max_steps=a.steps + 1, use_vllm=False, use_cpu=True, bf16=False,
+            learning_rate=1e-6, max_steps=a.steps + 1, use_vllm=False, use_cpu=a.device == "cpu", bf16=False,
             report_to="none", save_strategy="no", logging_steps=1, seed=a.seed,
             dataloader_num_workers=0, disable_tqdm=True, log_completions=False,
         )
@@ -172,7 +175,8 @@ def grpo_trl(a: argparse.Namespace) -> dict[str, Any]:
     elapsed = stamps[-1] - stamps[0]
     timed = len(stamps) - 1  # step 1 is the warm-up
     mean_len = sum(lengths) / max(1, len(lengths))
-    return {"samples_s": timed * a.prompts * a.k / elapsed, "tokens_s": timed * a.prompts * a.k * mean_len / elapsed}
+    return {"samples_s": timed * a.prompts * a.k / elapsed, "tokens_s": timed * a.prompts * a.k * mean_len / elapsed,
+            **gpu_peak(a)}
 
 
 def rollout_pair(a: argparse.Namespace) -> dict[str, Any]:
@@ -184,7 +188,7 @@ def rollout_pair(a: argparse.Namespace) -> dict[str, Any]:
     from training.rollout.hf import HFRolloutEngine
 
     model, tok = models.load_model(a.folder)
-    model.eval()
+    model.to(a.device).eval()
     fmt = PromptFormat(tok, getattr(tok, "chat_settings", None), model.generation_config)
     engine = HFRolloutEngine(model, tok, batch_size=a.prompts * a.k, stop_ids=fmt.stop_ids)
     prompts = [fmt.prompt_ids(t) for t in rendered_prompts(fmt, tasks(a.seed), a.prompts * (a.steps + 1), a.seed)]
@@ -199,6 +203,7 @@ def rollout_pair(a: argparse.Namespace) -> dict[str, Any]:
     def baseline(batch: list[list[int]], seed: int) -> int:
         torch.manual_seed(seed)
         ids, attn = left_pad(batch, tok.pad_token_id)
+        ids, attn = ids.to(a.device), attn.to(a.device)
         out = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_p=1.0,
                              top_k=0, num_return_sequences=a.k, max_new_tokens=a.length,
                              eos_token_id=fmt.stop_ids, pad_token_id=tok.pad_token_id)
@@ -233,10 +238,10 @@ def sft_ours(a: argparse.Namespace) -> dict[str, Any]:
 
     from training import models
     from training.optimizers import adamw
-    from training.stages.sft import collate, pack, response_loss
+    from training.stages.sft import Batch, collate, pack, response_loss
 
     model, tok = models.load_model(a.folder)
-    model.train()
+    model.to(a.device).train()
     rows = pack(sft_examples(a, tok), a.length, tok.pad_token_id)
     opt = adamw(model, 1e-5, [0.9, 0.95], 0.01)
     tokens, t0 = 0, 0.0
@@ -244,14 +249,20 @@ def sft_ours(a: argparse.Namespace) -> dict[str, Any]:
         if step == 1:  # step 0 is the warm-up
             t0 = time.perf_counter()
         batch = collate(rows[step * a.batch:(step + 1) * a.batch], a.length, tok.pad_token_id)
+        batch = Batch(*(x.to(a.device) for x in (batch.input_ids, batch.loss_mask, batch.position_ids,
+                                                 batch.attention_mask)))
         loss, _ = response_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if step == 0 and a.device != "cpu":
+            torch.cuda.synchronize()  # the warm-up's kernels finish before the clock starts
         if step:
             tokens += sum(len(e.input_ids) for row in rows[step * a.batch:(step + 1) * a.batch] for e in row)
-    return {"tokens_s": tokens / (time.perf_counter() - t0)}
+    if a.device != "cpu":
+        torch.cuda.synchronize()
+    return {"tokens_s": tokens / (time.perf_counter() - t0), **gpu_peak(a)}
 
 
 def sft_trl(a: argparse.Namespace) -> dict[str, Any]:
@@ -276,7 +287,8 @@ def sft_trl(a: argparse.Namespace) -> dict[str, Any]:
         config = TRLConfig(
             output_dir=out, per_device_train_batch_size=a.batch, gradient_accumulation_steps=1, packing=True,
             max_length=a.length, completion_only_loss=True, learning_rate=1e-5, max_steps=a.steps + 1,
-            use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1000, seed=a.seed,
+            use_cpu=a.device == "cpu", bf16=False, report_to="none", save_strategy="no", logging_steps=1000,
+            seed=a.seed,
             dataloader_num_workers=0, disable_tqdm=True, include_num_input_tokens_seen="non_padding",
             max_grad_norm=1.0, weight_decay=0.01, adam_beta2=0.95,
         )
@@ -285,7 +297,17 @@ def sft_trl(a: argparse.Namespace) -> dict[str, Any]:
         trainer.remove_callback(PrinterCallback)
         trainer.train()
     (t0, n0), (t1, n1) = stamps[0], stamps[-1]
-    return {"tokens_s": (n1 - n0) / (t1 - t0)}
+    return {"tokens_s": (n1 - n0) / (t1 - t0), **gpu_peak(a)}
+
+
+def gpu_peak(a: argparse.Namespace) -> dict[str, float]:
+    """On a GPU: the side's peak memory through torch's allocator, MiB (vLLM's KV-cache pool included, as it
+    allocates through torch); on a CPU, nothing (the driver reads the process's peak RSS)."""
+    if a.device == "cpu":
+        return {}
+    import torch
+
+    return {"gpu_peak_mib": torch.cuda.max_memory_allocated() / 2**20}
 
 
 WORKERS = {"grpo-ours": grpo_ours, "grpo-trl": grpo_trl, "rollout": rollout_pair, "sft-ours": sft_ours,
@@ -306,7 +328,8 @@ def worker(a: argparse.Namespace) -> int:
 # ----- the driver ----------------------------------------------------------------------------------------------
 def spawn(name: str, folder: Path, length: int, a: argparse.Namespace, **extra: Any) -> tuple[dict[str, Any], float]:
     """Run one worker in a fresh process; (its result, its peak RSS in MiB)."""
-    opts = {"folder": str(folder), "length": length, "seed": a.seed, "beta": a.beta, "threads": a.threads, **extra}
+    opts = {"folder": str(folder), "length": length, "seed": a.seed, "beta": a.beta, "threads": a.threads,
+            "device": a.device, **extra}
     cmd = [sys.executable, __file__, "--worker", name] + [x for k, v in opts.items()
                                                           for x in (f"--{k.replace('_', '-')}", str(v))]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -317,6 +340,11 @@ def spawn(name: str, folder: Path, length: int, a: argparse.Namespace, **extra: 
         raise RuntimeError(f"{name} ({folder.name}, {length}) failed with exit {proc.returncode}:\n{out[-3000:]}")
     line = next(x for x in out.splitlines() if x.startswith(RESULT))
     return json.loads(line[len(RESULT):]), usage.ru_maxrss / 1024  # KiB on Linux
+
+
+def gpu_note(runs: list[tuple[dict[str, Any], float]]) -> str:
+    peaks = [res["gpu_peak_mib"] for res, _ in runs if "gpu_peak_mib" in res]
+    return f"  peak GPU {max(peaks):6.0f} MiB" if peaks else ""
 
 
 def each(values: list[float]) -> str:
@@ -343,7 +371,7 @@ def bench_grpo(size: str, folder: Path, length: int, a: argparse.Namespace) -> f
     for side, label in (("ours", "ours (Round.step)      "), ("trl", "TRL GRPOTrainer        ")):
         res, rss = best[side]
         print(f"    {label} {res['samples_s']:7.2f} samples/s  {res['tokens_s']:8.0f} tokens/s  "
-              f"peak RSS {max(r for _, r in runs[side]):6.0f} MiB")
+              f"peak RSS {max(r for _, r in runs[side]):6.0f} MiB{gpu_note(runs[side])}")
     print(f"    ours, where a step goes: {format_breakdown(best['ours'][0]['phases'])}")
     print(f"    ratio grpo ours/TRL: {ratio:.2f}x ({verdict(ratio, 'grpo')})")
     return ratio
@@ -371,8 +399,9 @@ def bench_sft(size: str, folder: Path, length: int, a: argparse.Namespace) -> fl
     ours, trl = (max(r[0]["tokens_s"] for r in runs[s]) for s in ("ours", "trl"))
     print(f"  sft   {batch} packed rows of {length} per step, {steps} timed steps; tokens/s each run: ours "
           f"{each([r[0]['tokens_s'] for r in runs['ours']])} | TRL {each([r[0]['tokens_s'] for r in runs['trl']])}")
-    print(f"    ours (sft stage step)  {ours:8.0f} tokens/s  peak RSS {max(r for _, r in runs['ours']):6.0f} MiB   "
-          f"TRL SFTTrainer (packing) {trl:8.0f} tokens/s  peak RSS {max(r for _, r in runs['trl']):6.0f} MiB")
+    print(f"    ours (sft stage step)  {ours:8.0f} tokens/s  peak RSS {max(r for _, r in runs['ours']):6.0f} MiB"
+          f"{gpu_note(runs['ours'])}   TRL SFTTrainer (packing) {trl:8.0f} tokens/s  peak RSS "
+          f"{max(r for _, r in runs['trl']):6.0f} MiB{gpu_note(runs['trl'])}")
     print(f"    ratio sft ours/TRL: {ours / trl:.2f}x ({verdict(ours / trl, 'sft')})")
     return ours / trl
 
@@ -393,6 +422,9 @@ def main() -> int:
     # On a 2-core machine shared with other work, torch's 2 intra-op threads spin-wait for each other on every
     # small decode op: measured 22 vs 710 rollout tokens/s (5m, 128) at load 8. Both sides get the same setting.
     parser.add_argument("--threads", type=int, default=1, help="torch threads per side (0 = torch's default)")
+    # On a GPU ours rolls out with vLLM where it is installed (rollout_engine "auto"); TRL's GRPOTrainer keeps
+    # model.generate (use_vllm=False), and the rollout part compares the transformers engine with generate.
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both sides run")
     # worker mode (one side of one comparison, in its own process; used by the driver)
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     for name in ("folder", "length", "prompts", "k", "batch"):
@@ -411,7 +443,8 @@ def main() -> int:
     parts = a.parts.split(",")
     import trl
 
-    print(f"Qwen2 random-weight models, CPU, torch threads {a.threads or torch.get_num_threads()} per side, "
+    where = torch.cuda.get_device_name(0) if a.device == "cuda" else "CPU"
+    print(f"Qwen2 random-weight models, {where}, torch threads {a.threads or torch.get_num_threads()} per side, "
           f"{os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f}), TRL {trl.__version__}, "
           f"best of {a.repeats} interleaved runs")
     ratios: dict[tuple[str, str, int], float] = {}

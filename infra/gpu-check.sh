@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU smoke check for a lent CUDA machine (< 8 minutes): vLLM rollout engine + one GRPO step on CUDA.
+# GPU smoke check for a lent CUDA machine (< 8 minutes, and up to 5 more for the speed section 7): vLLM rollout
+# engine + one GRPO step on CUDA.
 #
 #   bash infra/gpu-check.sh            # from the repository root; prints PASS/FAIL lines, exit 1 on any FAIL
 #
@@ -17,6 +18,9 @@
 # 6. two GPUs (runs only when torch sees >= 2 devices, and says so when not): the tiny SFT stage and a GRPO round
 #    under torchrun with 2 processes on NCCL, DDP and FSDP, against the 1-process run (final loss within 1e-3
 #    in fp32), and the per-rank peak memory lines.
+# 7. speed at realistic sizes on the GPU: benchmarks/qwen2.py --device cuda --quick (GRPO step with vLLM rollouts
+#    against TRL's GRPOTrainer, the transformers engine against generate, SFT against TRL's SFTTrainer), printing
+#    the ratios against their goals; GPU_CHECK_BENCH=0 leaves it out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -252,6 +256,19 @@ PYEOF
   done
 else
   echo "SKIP 2-GPU section: torch sees ${NGPU:-0} CUDA device(s); it runs when two are visible"
+fi
+# --- 7. speed at realistic sizes on the GPU (benchmarks/qwen2.py): GRPO step against TRL, rollouts, SFT ---------
+# Measurements, not pass/fail on their goals: the ratios and which goals hold are printed for the closing note.
+# GPU_CHECK_BENCH=0 leaves it out (it takes a few minutes: each side of each comparison starts its own process).
+if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
+  BENCH_LOG=$(mktemp /tmp/gpu-check-bench-XXXX.log)
+  if timeout 300 $PY benchmarks/qwen2.py --device cuda --quick --repeats 1 > "$BENCH_LOG" 2>&1; then
+    pass "speed benchmark on the GPU ran (benchmarks/qwen2.py --device cuda --quick)"
+  else
+    fail "speed benchmark on the GPU, see $BENCH_LOG"
+  fi
+  sed -n '/^summary/,$p' "$BENCH_LOG"
+  grep -E "where a step goes|peak RSS" "$BENCH_LOG"
 fi
 echo "gpu-check: $(( $(date +%s) - START ))s, $FAILS failure(s)"
 [ $FAILS -eq 0 ]
