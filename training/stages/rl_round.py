@@ -594,6 +594,7 @@ class Round:
         for ep, r in zip(flat, rewards):
             ep.reward = r
         self._episodes = flat
+        completions = [[ep.as_completion() for ep in g] for g in episodes]
         self._first_splits = [None] * len(tasks)
         if cfg.answer_credit == "turn":
             from training.environments.episodes import split_first_answer
@@ -601,9 +602,9 @@ class Round:
             with self.timer.phase("reward"):
                 firsts = first_answer_rewards(episodes, [float(r) for r in scores], score_tasks)
             self._first_splits = [None if f is None else
-                                  ([split_first_answer(ep.as_completion(), ep.answers[0]) for ep in group], f)
-                                  for group, f in zip(episodes, firsts)]
-        return [[ep.as_completion() for ep in g] for g in episodes], rewards
+                                  ([split_first_answer(c, ep.answers[0]) for c, ep in zip(cs, group)], f)
+                                  for cs, group, f in zip(completions, episodes, firsts)]
+        return completions, rewards
 
     def opening_ids(self, task: Task) -> list[int]:
         """The prompt a group's completions follow: its environment's opening (multi-turn), else the task's."""
