@@ -119,7 +119,20 @@ def main() -> int:
                 print(f"{domain:11s} {s:6.1%} {r1:6.1%} {r2:6.1%} {r2 - s:+6.1%} | "
                       + "  ".join(f"{a.get(k, '-').strip()}->{b.get(k, '-').strip()}"
                                   for k in ("pass1", "strict", "format", "long_ctx", "repair")), flush=True)
+            # where a domain moves: code level 5's reading is a coin flip per task, so its first attempts sit at
+            # chance whatever the model (training/tasksets/generators.py)
+            print("evaluate pass@1 by level, sft -> candidate: " + "; ".join(
+                f"{domain} " + ", ".join(by_level(res["report"], domain)) for domain in sorted(dims)), flush=True)
     return 0
+
+
+def by_level(report: dict[str, Any], domain: str) -> list[str]:
+    """Per difficulty of `domain`: "L<level> passed/total->passed/total", the SFT model's then the candidate's."""
+    models = report["models"]
+    levels = models["candidate"]["domains"][domain]["by_difficulty"]
+    before = models["sft"]["domains"].get(domain, {}).get("by_difficulty", {})
+    return [f"L{lv} {before.get(lv, {}).get('passed', '-')}/{c['total']}->{c['passed']}/{c['total']}"
+            for lv, c in levels.items()]
 
 
 if __name__ == "__main__":
