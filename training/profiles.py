@@ -18,8 +18,7 @@ level 5, greedy holdout pass@1 SFT -> round 2 (about 2 minutes a seed):
     seed 2: math 50.0 -> 81.9, code 73.2 -> 64.3, extraction 62.5 -> 77.5, instruction 57.5 -> 65.0
 Seed 2's code falls by 8.9 points: the bar holds on seeds 0 and 1, not 2. The fall is all on level 5 (the
 benchmark prints pass@1 by level: code L4 29/30 -> 30/30, L5 12/26 -> 6/26), where each task's reading is a coin
-flip and a greedy model that settles on one reading per phrasing gains or loses whole phrasings at once; the
-learnable level 4 rises. Code's self-repair stays at zero
+flip and no first attempt can beat chance; level 4, the learnable one, rises. Code's self-repair stays at zero
 (round 2 repairs 0 of its 13, 15 and 20 failed first attempts in a second turn, as SFT did): the rounds here are
 single-turn, and SFT shows no repair turns. Making them multi-turn as in benchmarks/multiturn.py
 (`sft.repair_share` 0.3, `max_turns` 2 for code, planted mirrors at 0.5) teaches repair (seed 0: 1/16 -> 11/15
