@@ -288,8 +288,7 @@ def sft_trl(a: argparse.Namespace) -> dict[str, Any]:
             output_dir=out, per_device_train_batch_size=a.batch, gradient_accumulation_steps=1, packing=True,
             max_length=a.length, completion_only_loss=True, learning_rate=1e-5, max_steps=a.steps + 1,
             use_cpu=a.device == "cpu", bf16=False, report_to="none", save_strategy="no", logging_steps=1000,
-            seed=a.seed,
-            dataloader_num_workers=0, disable_tqdm=True, include_num_input_tokens_seen="non_padding",
+            seed=a.seed, dataloader_num_workers=0, disable_tqdm=True, include_num_input_tokens_seen="non_padding",
             max_grad_norm=1.0, weight_decay=0.01, adam_beta2=0.95,
         )
         trainer = SFTTrainer(model=a.folder, args=config, train_dataset=data, processing_class=tok,
@@ -301,8 +300,8 @@ def sft_trl(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def gpu_peak(a: argparse.Namespace) -> dict[str, float]:
-    """On a GPU: the side's peak memory through torch's allocator, MiB (vLLM's KV-cache pool included, as it
-    allocates through torch); on a CPU, nothing (the driver reads the process's peak RSS)."""
+    """On a GPU: the side's peak memory through this process's torch allocator, MiB (what a vLLM engine holds in
+    a process of its own is not counted); on a CPU, nothing (the driver reads the process's peak RSS)."""
     if a.device == "cpu":
         return {}
     import torch

@@ -233,7 +233,6 @@ def test_a_repaired_episode_credits_its_final_answer_only(tok) -> None:
 def test_turn_level_credit_gives_first_answers_their_own_advantage(tok) -> None:
     """answer_credit="turn": a first answer is scored and credited on its own, the later answers take the
     episode's advantage, and a group that always ends right but not always first time still trains."""
-    from training import algorithms
     from training.stages.rl_round import GRPOConfig, first_answer_rewards, turn_credit_rows
 
     def episode(*answers: str, planted: bool = False) -> Episode:

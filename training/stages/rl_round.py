@@ -679,7 +679,8 @@ class Round:
             keep = (algorithms.drop_zero_variance_groups(rewards) if cfg.dynamic_sampling
                     else torch.arange(len(tasks)))  # (K,)
             splits = self._first_splits if cfg.max_turns > 1 else [None] * len(tasks)
-            if cfg.dynamic_sampling:  # answer_credit "turn": first answers that differ are informative too
+            if cfg.dynamic_sampling and any(sp is not None for sp in splits):
+                # answer_credit "turn": a split group whose first answers differ is informative too
                 keep = torch.tensor(sorted(set(keep.tolist()) | {i for i, sp in enumerate(splits)
                                                                  if sp is not None and max(sp[1]) > min(sp[1])}),
                                     dtype=torch.long)
