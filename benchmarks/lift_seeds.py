@@ -30,8 +30,9 @@ def run_seed(seed: int, overrides: dict[str, dict], root: Path) -> dict[str, dic
     from training import stage
     from training.config import from_dict
     from training.profiles import TINY
+    from training.rl.config import GRPOConfig
     from training.stages.build_taskset import TasksetConfig, body as taskset_body
-    from training.stages.rl_round import GRPOConfig, run_round
+    from training.stages.rl_round import run_round
     from training.stages.sft import SFTConfig, train
 
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / f'mlflow-{seed}.db'}"

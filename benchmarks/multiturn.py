@@ -140,11 +140,13 @@ def configs(seed: int, overrides: dict[str, dict]) -> dict[str, dict[str, Any]]:
 def measure(run: str, stage_name: str, holdout: list, max_new_tokens: int) -> dict[str, Any]:
     """First-attempt pass@1 and pass within 2 turns on the code holdout, as evaluation measures them, and the
     first attempts passed per code level ({level: [passed, total]})."""
-    from training import models, storage
-    from training.chat import PromptFormat
-    from training.evaluation.measure import context_limit, repair_report, self_repair
+    from training import storage
+    from training.evaluation.config import EvalConfig
+    from training.evaluation.measure import repair_report, self_repair
+    from training.modeling import models
+    from training.modeling.chat import PromptFormat
+    from training.modeling.models import context_limit
     from training.rollout.hf import HFRolloutEngine
-    from training.stages.evaluate import EvalConfig
 
     with tempfile.TemporaryDirectory() as cache:
         model, tok = models.load_model(storage.join(run, stage_name), "model", cache_dir=Path(cache))
@@ -170,8 +172,9 @@ def run_seed(seed: int, overrides: dict[str, dict], root: Path,
     (a test passes False and brings its own)."""
     from training import stage, storage
     from training.config import from_dict
+    from training.rl.config import GRPOConfig
     from training.stages.build_taskset import TasksetConfig, body as taskset_body
-    from training.stages.rl_round import GRPOConfig, run_round
+    from training.stages.rl_round import run_round
     from training.stages.sft import SFTConfig, train
     from training.tasksets.io import load_tasks
 

@@ -5,7 +5,7 @@
     python benchmarks/qwen2.py --parts grpo --sizes 30m --lengths 512 --repeats 2
     python benchmarks/qwen2.py --device cuda --quick              # on a GPU (infra/gpu-check.sh runs this)
 
-The models are ChatML Qwen2ForCausalLM with random weights (training/synthetic_models.py: nothing is
+The models are ChatML Qwen2ForCausalLM with random weights (training/modeling/synthetic_models.py: nothing is
 downloaded; speed does not depend on what the weights know) at two sizes, about 5M and 30M parameters, and the
 prompts are the tiny task generators' (math, code, extraction), chat-rendered. Three comparisons, each against a
 baseline measured in the same run on the same model, prompts, lengths and batch:
@@ -64,8 +64,8 @@ def tasks(seed: int = 0) -> list[Any]:
 
 
 def build_models(root: Path, sizes: list[str], max_len: int) -> dict[str, Path]:
+    from training.modeling.synthetic_models import build_chatml_qwen2
     from training.stages.sft import corpus
-    from training.synthetic_models import build_chatml_qwen2
 
     text = corpus(tasks())
     return {s: build_chatml_qwen2(root / s, text, max_position_embeddings=max_len, **SIZES[s]) for s in sizes}
@@ -96,9 +96,10 @@ def grpo_ours(a: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
-    from training import models
+    from training.modeling import models
     from training.phases import merge
-    from training.stages.rl_round import GRPOConfig, Round
+    from training.rl.config import GRPOConfig
+    from training.rl.round import Round
 
     model, tok = models.load_model(a.folder)
     dev = torch.device(a.device)
@@ -135,8 +136,8 @@ def grpo_trl(a: argparse.Namespace) -> dict[str, Any]:
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig as TRLConfig, GRPOTrainer
 
-    from training import models
-    from training.chat import PromptFormat
+    from training.modeling import models
+    from training.modeling.chat import PromptFormat
     from training.rewards import score_tasks
 
     _, tok = models.load_model(a.folder)
@@ -182,8 +183,8 @@ def grpo_trl(a: argparse.Namespace) -> dict[str, Any]:
 def rollout_pair(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from training import models
-    from training.chat import PromptFormat
+    from training.modeling import models
+    from training.modeling.chat import PromptFormat
     from training.rollout.base import left_pad
     from training.rollout.hf import HFRolloutEngine
 
@@ -224,7 +225,7 @@ def rollout_pair(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def sft_examples(a: argparse.Namespace, tok: Any) -> list[Any]:
-    from training.chat import PromptFormat
+    from training.modeling.chat import PromptFormat
     from training.stages.sft import encode_examples
 
     # examples up to the row length; several examples fill a packed row (they are ~60-200 tokens each)
@@ -236,8 +237,8 @@ def sft_examples(a: argparse.Namespace, tok: Any) -> list[Any]:
 def sft_ours(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from training import models
-    from training.optimizers import adamw
+    from training.modeling import models
+    from training.modeling.optimizers import adamw
     from training.stages.sft import Batch, collate, pack, response_loss
 
     model, tok = models.load_model(a.folder)
@@ -270,7 +271,7 @@ def sft_trl(a: argparse.Namespace) -> dict[str, Any]:
     from transformers import PrinterCallback, TrainerCallback
     from trl import SFTConfig as TRLConfig, SFTTrainer
 
-    from training import models
+    from training.modeling import models
 
     _, tok = models.load_model(a.folder)
     examples = sft_examples(a, tok)

@@ -36,8 +36,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def tiny_policy(tasks, sft_steps: int, seed: int):
     import torch
 
-    from training import models
-    from training.optimizers import adamw
+    from training.modeling import models
+    from training.modeling.optimizers import adamw
     from training.stages.sft import SFTConfig, collate, pack, response_loss, tokenize_example
 
     cfg = SFTConfig(seed=seed)
@@ -59,7 +59,8 @@ def tiny_policy(tasks, sft_steps: int, seed: int):
 def bench_ours(model, tok, tasks, args, dynamic_sampling: bool = False) -> float:
     import torch
 
-    from training.stages.rl_round import GRPOConfig, Round
+    from training.rl.config import GRPOConfig
+    from training.rl.round import Round
 
     cfg = GRPOConfig(prompts_per_step=args.prompts, samples_per_prompt=args.k, max_new_tokens=args.max_new_tokens,
                      temperature=1.0, beta=args.beta, lr=1e-5, dynamic_sampling=dynamic_sampling, curriculum=False,

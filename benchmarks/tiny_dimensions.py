@@ -35,10 +35,12 @@ STAGES = ("taskset", "sft", "rl_round", "evaluate")
 def run_seed(seed: int, overrides: dict[str, dict], root: Path) -> dict[str, Any]:
     from training import stage
     from training.config import from_dict
+    from training.evaluation.config import EvalConfig
     from training.profiles import TINY
+    from training.rl.config import GRPOConfig
     from training.stages.build_taskset import TasksetConfig, body as taskset_body
-    from training.stages.evaluate import EvalConfig, body as evaluate_body
-    from training.stages.rl_round import GRPOConfig, run_round
+    from training.stages.evaluate import body as evaluate_body
+    from training.stages.rl_round import run_round
     from training.stages.sft import SFTConfig, train
     from training.storage import join, read_json, require_manifest
 

@@ -10,7 +10,7 @@
 #    must change), update from a saved folder (outputs must match the HF engine's greedy output);
 # 4. one GRPO step (training.stages.rl_round.Round.step) on CUDA with the HF engine, finite loss;
 # 5. the pretrained-model path: a Qwen2-architecture model (~40M parameters) built from config with a ChatML
-#    tokenizer (training/synthetic_models.py), one GRPO step with the vLLM engine, bf16, LoRA and TIS on; prints
+#    tokenizer (training/modeling/synthetic_models.py), one GRPO step with the vLLM engine, bf16, LoRA and TIS on; prints
 #    rollout tokens/s against standalone vllm.LLM.generate on the same prompt ids (goal: ratio >= 0.9) and the
 #    weight-sync seconds;
 # 5b. the transformers engine's lean decode step on CUDA (fp32 and bf16 Qwen2 from config): its logits against the
@@ -45,7 +45,7 @@ $PY -c "import vllm; print('vllm', vllm.__version__)" && pass "vllm imports" || 
 timeout 300 $PY - <<'PYEOF'
 import copy, sys, tempfile, traceback
 import torch
-from training import models
+from training.modeling import models
 from training.rollout import make_engine
 from training.tasksets.generators import generate
 
@@ -85,7 +85,8 @@ except Exception:
     ok = report(False, "vllm engine")
 
 try:
-    from training.stages.rl_round import GRPOConfig, Round
+    from training.rl.config import GRPOConfig
+    from training.rl.round import Round
     dev = torch.device("cuda")
     cfg = GRPOConfig(prompts_per_step=8, samples_per_prompt=4, max_new_tokens=8, device="cuda", beta=0.01,
                      dynamic_sampling=False)  # untrained model: all rewards 0; still run the update (KL term)
@@ -107,10 +108,10 @@ timeout 300 $PY - <<'PYEOF'
 import sys, tempfile, time, traceback
 from pathlib import Path
 import torch
-from training import models
-from training.chat import ChatSettings, PromptFormat
-from training.lora import LoraSettings, apply_lora
-from training.synthetic_models import build_chatml_qwen2
+from training.modeling import models
+from training.modeling.chat import ChatSettings, PromptFormat
+from training.modeling.lora import LoraSettings, apply_lora
+from training.modeling.synthetic_models import build_chatml_qwen2
 from training.tasksets.generators import generate
 
 def report(ok, what):
@@ -120,7 +121,8 @@ def report(ok, what):
 ok = True
 try:
     from vllm import LLM, SamplingParams, TokensPrompt
-    from training.stages.rl_round import GRPOConfig, Round
+    from training.rl.config import GRPOConfig
+    from training.rl.round import Round
     tasks = generate("math", 400, 0, (1, 2, 3)) + generate("code", 100, 0, (1, 2))
     folder = build_chatml_qwen2(Path(tempfile.mkdtemp(prefix="gpu-check-qwen2-")) / "qwen2",
                                 [t.prompt + " " + t.reference for t in tasks], vocab_size=2000, hidden_size=512,
@@ -174,7 +176,7 @@ timeout 180 $PY - <<'PYEOF'
 import sys, time
 import torch, transformers
 from types import SimpleNamespace
-from training.kv_cache import cache_kwarg, cache_of
+from training.modeling.kv_cache import cache_kwarg, cache_of
 from training.rollout.hf import HFRolloutEngine
 from training.rollout.lean_decode import LeanDecoder
 

@@ -6,7 +6,7 @@ dropdown readable labels, `description_md` is the help under a field, and the JS
 valid, so the form opens valid and submits as it opens (the tiny profile, built from scratch).
 
 Knobs whose default is null keep the stage's own (or the profile's tuned) value, so the form never silently
-overrides a tuned config. The algorithm names are listed here rather than imported from training.algorithms,
+overrides a tuned config. The algorithm names are listed here rather than imported from training.rl.algorithms,
 which imports torch (this module is loaded by the scheduler); tests/operators/test_form.py checks they match the
 registries. The rollout engines come from training.rollout.ENGINES, which is torch-free.
 """
@@ -36,7 +36,7 @@ PROFILE_LABELS = {
     "tiny": "tiny: ~0.5M-parameter GPT-2 built from scratch, synthetic tasks, CPU in minutes",
     "data": "data: your base model and task data, stage defaults (no tuned preset)",
 }
-# Mirrors of training.algorithms' registries (ADVANTAGES, LOSS_AGGREGATIONS); a test keeps them equal.
+# Mirrors of training.rl.algorithms' registries (ADVANTAGES, LOSS_AGGREGATIONS); a test keeps them equal.
 ADVANTAGE_LABELS = {
     "grpo": "GRPO: centred on the group mean, divided by the group's reward std",
     "dr_grpo": "Dr. GRPO: centred on the group mean only (no std division)",

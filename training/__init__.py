@@ -1,17 +1,20 @@
 """Everything that runs inside a pipeline stage; never imports Airflow.
 
-    stages/       one module per stage (Config, body, cli), named as `posttrain <stage>` names it
-    stage.py      the stage contract (skip when complete, MLflow run, manifest last, POSTTRAIN_RESULT line)
-    cli.py        `posttrain`: every stage and tool
-    tasksets/     Task records: generators, real-data loaders, validation, dedup, split, parquet I/O
-    rewards/      the Verifier interface; math (math-verify), code (sandbox/), json_rules, judge, format;
-                  weighted rewards and `score_tasks`
-    rollout/      rollout engines (transformers, vLLM) behind one protocol
-    evaluation/   measurements, report rendering, plots and the gate's rules
-    algorithms.py advantage estimators, policy losses, KL estimators (pure tensor maths, registered by name)
-    grpo_batches.py, kv_cache.py, curriculum.py   the GRPO update's tensors, shared KV-cache helpers, prompt choice
-    models.py, checkpointing.py, devices.py, optimizers.py   models and tokenizers, resumable checkpoints
-    storage.py, tracking.py, registry.py, config.py, profiles.py   S3/file storage, MLflow, configs, presets
+The stage contract, at the top of the package (what every stage and the CLI share):
+    stage.py          run_stage: skip when complete, MLflow run, lease, manifest last, the POSTTRAIN_RESULT line
+    storage.py        S3/file storage with manifests (storage_backends.py: the file and S3 backends, retries)
+    lease.py, checkpointing.py, tracking.py, registry.py, config.py, phases.py, profiles.py
+    cli.py            `posttrain`: every stage and tool (cli_storage.py, score_cli.py: the storage and score tools)
+
+The wings, lowest first (a lower wing never imports a higher one; tests/test_layout.py checks it):
+    rewards/          the Verifier interface; math (math-verify), code (sandbox/), rules, judge, format
+    tasksets/         Task records: generators, real-data loaders, validation, dedup, split, parquet I/O
+    modeling/         models, chat rendering, LoRA, precision, devices, optimizers, KV cache, DDP/FSDP
+    rollout/          rollout engines (transformers, vLLM) behind one protocol, and the engine choice
+    environments/     multi-turn episodes: code repair, calculator, planted first answers
+    evaluation/       measurements, the RL round's holdout check, reports, plots, the gate's rules and configs
+    rl/               the RL round: GRPOConfig, Round, credit assignment, the update, algorithms, batch layouts
+    stages/           one module per stage (Config, body, cli), named as `posttrain <stage>` names it
 
 docs/architecture.md has the whole picture.
 """

@@ -31,6 +31,9 @@ import numpy as np
 import torch
 
 from training import storage
+from training.modeling import distributed
+from training.modeling.lora import is_lora
+from training.modeling.models import save_tokenizer
 
 
 def rng_state() -> dict[str, Any]:
@@ -58,8 +61,6 @@ def save(stage_uri: str, step: int, model: Any, optimizer: Any, tokenizer: Any,
          extra: dict[str, Any] | None = None, keep_last: int = 0) -> storage.Manifest:
     """Write checkpoint `step` under `stage_uri` (manifest last), then keep only the newest `keep_last`
     complete checkpoints (0 = keep all). `extra` must be torch.save-able. Under torchrun every rank calls it."""
-    from training import distributed
-    from training.models import save_tokenizer
 
     if distributed.world_size() > 1:
         manifest = _save_sharded(stage_uri, step, model, optimizer, tokenizer, extra or {})
@@ -90,8 +91,6 @@ def _save_sharded(stage_uri: str, step: int, model: Any, optimizer: Any, tokeniz
                   extra: dict[str, Any]) -> storage.Manifest:
     """The N-rank checkpoint: each rank writes and uploads its own DCP shards and RNG state, rank 0 adds the
     tokenizer, config and train state, lists every rank's files and commits the manifest."""
-    from training import distributed
-    from training.models import save_tokenizer
 
     writer = storage.ManifestWriter(storage.checkpoint_uri(stage_uri, step))
     with tempfile.TemporaryDirectory(prefix="posttrain-ckpt-") as tmp:
@@ -148,7 +147,6 @@ def latest_state(stage_uri: str, workdir: Path) -> tuple[dict[str, Any] | None, 
 def trainable_state(model: Any) -> dict[str, Any]:
     """What a checkpoint must keep of the model: everything, or with LoRA only the adapters (the frozen base is
     the stage's input, rebuilt from there on resume)."""
-    from training.lora import is_lora
 
     if is_lora(model):
         return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
@@ -158,10 +156,8 @@ def trainable_state(model: Any) -> dict[str, Any]:
 def restore(state: dict[str, Any], model: Any, optimizer: Any) -> int:
     """Put a checkpoint's weights, optimizer state and RNG streams back; returns the step to continue from.
     A sharded checkpoint loads into the already wrapped (DDP/FSDP) model, on every rank."""
-    from training.lora import is_lora
 
     if state.get("sharded"):
-        from training import distributed
 
         distributed.load_sharded(model, optimizer, Path(state["dcp_dir"]))
         set_rng_state(state["rank_rng"])
@@ -180,7 +176,6 @@ def load(manifest: storage.Manifest, workdir: Path) -> tuple[dict[str, Any], Pat
     storage.fetch(manifest, "train_state.pt", dest / "train_state.pt")
     state = torch.load(dest / "train_state.pt", map_location="cpu", weights_only=False)
     if state.get("sharded"):
-        from training import distributed
 
         state["dcp_dir"] = storage.fetch_dir(manifest, "dcp", dest / "dcp")
         mine = f"rng/rank-{distributed.rank()}.pt"

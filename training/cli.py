@@ -13,6 +13,11 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from training.config import ConfigError, load_config
+from training.stage import run_stage
+from training.storage import StorageError
+from training.tracking import TrackingUnavailable
+
 if TYPE_CHECKING:
     from training.stage import StageContext
 
@@ -75,9 +80,6 @@ def stage_parser(prog: str, description: str, config_cls: type | None = None) ->
 def run_cli(fn: Callable[[], Any], user_errors: tuple[type[BaseException], ...] = ()) -> int:
     """Map the errors a user can fix (bad config, storage, tracking, plus `user_errors`) to exit code 2 with a
     one-line message, not a traceback."""
-    from training.config import ConfigError
-    from training.storage import StorageError
-    from training.tracking import TrackingUnavailable
 
     handled: tuple[type[BaseException], ...] = (ConfigError, StorageError, TrackingUnavailable, *user_errors)
     try:
@@ -96,8 +98,6 @@ def stage_cli(argv: list[str], prog: str, description: str, config_cls: type, st
     """The CLI of one stage: parse --config/--run/--set (plus `arguments`), load the config, run the body
     under the stage contract. `bind` names the stage and its body from the parsed arguments when they depend
     on them (rl-round's --round)."""
-    from training.config import load_config
-    from training.stage import run_stage
 
     parser = stage_parser(prog, description, config_cls)
     if arguments is not None:

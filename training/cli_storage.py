@@ -9,6 +9,8 @@ from pathlib import Path
 
 from training import storage
 from training.cli import run_cli
+from training.registry import champion
+from training.stage import StageResult, emit
 
 
 def inspect_cli(argv: list[str], prog: str) -> int:
@@ -65,7 +67,6 @@ def adopt_cli(argv: list[str], prog: str) -> int:
     args = parser.parse_args(argv)
 
     def go() -> int:
-        from training.stage import StageResult, emit
 
         target = storage.join(args.run, args.stage)
         done = storage.read_manifest(target)
@@ -93,7 +94,6 @@ def adopt_cli(argv: list[str], prog: str) -> int:
 def _resolve_alias(source: str) -> str:
     if not source.startswith("models:/"):
         return source
-    from training.registry import champion
 
     name, _, alias = source[len("models:/"):].partition("@")
     found = champion(name, alias or "champion")
@@ -118,7 +118,6 @@ def latest_cli(argv: list[str], prog: str) -> int:
             print(f"{args.pointer_dir}: no latest.json")
             return 1
         if args.target:  # the operator's XCom: which folder the pointer now names
-            from training.stage import StageResult, emit
 
             emit(StageResult("latest", current.manifest_uri, current.mlflow_run_id,
                              {"pointer": storage.join(args.pointer_dir, storage.LATEST)}))

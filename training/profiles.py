@@ -4,28 +4,19 @@ user's overrides on top).
 
 `tiny` is tuned on 2 CPU cores for measurement: every domain has headroom, so each evaluation dimension can
 move, and SFT then 2 GRPO rounds lift several domains (tests/training/test_tiny_pipeline.py asserts >= 2 domains
-up by >= 10 points, none down by more than 1). Per domain its own difficulty levels (math 1-2, code 4-5 (list
-functions, and prompts with two readings that only the tests settle, where a first attempt fails about half the
-time and the visible test's failure names the fix: the headroom multi-turn RL and self-repair need,
-benchmarks/multiturn.py), extraction 3-4, instruction 1-4), a math-heavy
-mix, 10% extra SFT examples behind long-context distractors, SFT stopped at 450 steps at constant LR (short of
-converged, so RL has headroom; at 300 steps math started at 16.9, below the 20-80% band every baseline should
-sit in), a low RL learning rate (>= 3e-4 collapsed the holdout) and 150 steps per round with prompts weighted
-towards math and code. `python benchmarks/tiny_dimensions.py` measures every dimension; with the current code
-level 5, greedy holdout pass@1 SFT -> round 2 (about 2 minutes a seed):
-    seed 0: math 76.2 -> 97.5, code 75.0 -> 76.8, extraction 50.0 -> 62.5, instruction 37.5 -> 70.0
-    seed 1: math 38.1 -> 74.4, code 70.9 -> 72.7, extraction 55.0 -> 65.0, instruction 60.0 -> 75.0
-    seed 2: math 50.0 -> 81.9, code 73.2 -> 64.3, extraction 62.5 -> 77.5, instruction 57.5 -> 65.0
-Seed 2's code falls by 8.9 points: the bar holds on seeds 0 and 1, not 2. The fall is all on level 5 (the
-benchmark prints pass@1 by level: code L4 29/30 -> 30/30, L5 12/26 -> 6/26), where each task's reading is a coin
-flip and no first attempt can beat chance; level 4, the learnable one, rises. Code's self-repair stays at zero
-(round 2 repairs 0 of its 13, 15 and 20 failed first attempts in a second turn, as SFT did): the rounds here are
-single-turn, and SFT shows no repair turns. Making them multi-turn as in benchmarks/multiturn.py
-(`sft.repair_share` 0.3, `max_turns` 2 for code, planted mirrors at 0.5) teaches repair (seed 0: 1/16 -> 11/15
-repaired, every domain up; seed 1: 2/13 -> 13/21) but cost seed 1's code first attempts 14.5 points (76.4 ->
-61.8), so the profile stays single-turn.
-The lift test's own holdout (seed 0): math 74.4 -> 95.0, code 75.0 -> 76.8, extraction 45.0 -> 62.5, instruction
-52.5 -> 65.0.
+up by >= 10 points, none down by more than 1). Its choices, and why:
+- per-domain difficulty levels (math 1-2, code 4-5, extraction 3-4, instruction 1-4). Code level 5's prompts have
+  two readings that only the tests settle, so a first attempt fails about half the time and the visible test's
+  failure names the fix: the headroom multi-turn RL and self-repair need (benchmarks/multiturn.py);
+- a math-heavy mix, and 10% extra SFT examples behind long-context distractors;
+- SFT stopped at 450 steps at constant LR, short of converged, so RL has headroom (fewer steps left math below
+  the 20-80% band every baseline should sit in);
+- a low RL learning rate (higher ones collapsed the holdout) and 150 steps per round, with prompts weighted
+  towards math and code;
+- single-turn rounds: the multi-turn recipe of benchmarks/multiturn.py teaches repair but has cost some seeds'
+  code first attempts.
+`python benchmarks/tiny_dimensions.py` measures every dimension per seed; its figures, and the per-level reading
+of each domain's change, are in docs/results.md.
 """
 
 from __future__ import annotations

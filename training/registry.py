@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from training.tracking import ensure_reachable
+
 CHAMPION = "champion"
 DEFAULT_MODEL_NAME = "posttrain-tiny"
 
@@ -25,8 +27,6 @@ class Champion:
 
 def _client():
     from mlflow.tracking import MlflowClient
-
-    from training.tracking import ensure_reachable
 
     ensure_reachable()
     return MlflowClient()

@@ -20,6 +20,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from training.rewards import score_tasks, verify_tasks
+from training.tasksets.validate import check_file
+
 TEXT_KEYS = ("completion", "text", "output", "response")
 
 
@@ -51,8 +54,6 @@ def read_completions(path: Path) -> list[tuple[str, str]]:
 
 
 def score_file(tasks_path: Path, completions_path: Path, **options: Any) -> dict[str, Any]:
-    from training.rewards import score_tasks, verify_tasks
-    from training.tasksets.validate import check_file
 
     checked = check_file(tasks_path)
     if checked.errors:

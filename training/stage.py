@@ -96,6 +96,7 @@ class StageContext:
     def tasks(self, split: str) -> list[Task]:
         """One split ("train" / "holdout") of this run's task set, checksums verified; the task set becomes a
         parent of this stage and the split an input dataset of its MLflow run."""
+        # inside: operators import this module (parse_result, run_id_of) and must not load the task-set readers
         from training.tasksets.io import load_stage_tasks
 
         manifest = self.input("taskset")
@@ -227,8 +228,9 @@ def _run_stage_ranked(
     body: Callable[[StageContext], dict[str, Any] | None],
 ) -> StageResult:
     """`run_stage` for one of N torchrun ranks: the same contract, with rank 0 the only writer."""
-    from training import distributed
-    from training.devices import resolve_device
+    # inside: these import torch, and operators import this module without it
+    from training.modeling import distributed
+    from training.modeling.devices import resolve_device  # inside: torch
 
     distributed.init(resolve_device(str(getattr(config, "device", "cpu"))))
     try:
@@ -259,7 +261,7 @@ def _run_ranked_body(
     import contextlib
     from typing import cast
 
-    from training import distributed
+    from training.modeling import distributed  # inside: imports torch (operators import this module)
 
     started = time.monotonic()
     tracked = (tracking.stage_run(run_id_of(run_uri), stage) if main

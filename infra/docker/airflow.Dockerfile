@@ -9,8 +9,8 @@ COPY --chown=airflow:root plugins /opt/posttrain/plugins
 # Only the torch-free training modules the operators, plugin and DAG files import (the trigger form reads the
 # profiles, rollout engine names and gate metric labels). tests/deploy/test_airflow_image.py imports every DAG
 # from exactly these files with torch blocked, so a missing one fails there rather than in the dag-processor.
-COPY --chown=airflow:root training/__init__.py training/stage.py training/storage.py training/tracking.py \
-     training/config.py training/profiles.py training/lease.py /opt/posttrain/training/
+COPY --chown=airflow:root training/__init__.py training/stage.py training/storage.py training/storage_backends.py \
+     training/tracking.py training/config.py training/profiles.py training/lease.py /opt/posttrain/training/
 COPY --chown=airflow:root training/rollout/__init__.py training/rollout/base.py /opt/posttrain/training/rollout/
 COPY --chown=airflow:root training/evaluation/__init__.py training/evaluation/gate_rules.py \
      /opt/posttrain/training/evaluation/

@@ -128,7 +128,7 @@ def test_killed_stage_was_retried_by_airflow_and_resumed(pipeline_run) -> None:
 
 
 def _plant_round(run_uri: str, stage_name: str, model, tok, train_reward: float) -> str:
-    from training import models
+    from training.modeling import models
 
     writer = storage.ManifestWriter(storage.join(run_uri, stage_name))
     models.save_checkpoint(model, tok, writer, "model")
@@ -142,7 +142,8 @@ def test_gate_blocks_planted_degraded_checkpoint_and_reward_hack(pipeline_run, t
     naming the domains, and promote refuses."""
     import torch
 
-    from training import cli, models, registry
+    from training import cli, registry
+    from training.modeling import models
 
     _, _, run_root = pipeline_run
     first = _run_uri(run_root)

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from training.evaluation.gate_rules import Counts, decide, diff_interval, holm, noninferiority_p, wilson_interval
-from training.stages.gate import GateConfig
+from training.evaluation.gate_rules import (
+    Counts,
+    GateConfig,
+    decide,
+    diff_interval,
+    holm,
+    noninferiority_p,
+    wilson_interval,
+)
 
 
 def test_wilson_hand_computed() -> None:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from training.evaluation.config import EvalConfig
 from training.evaluation.measure import evaluate_model, failure_modes, long_tail
-from training.stages.evaluate import EvalConfig
 from training.tasksets.generators import generate
 
 

@@ -4,11 +4,11 @@ engine fixes its program once the context shows what was expected (real tokenize
 
 from __future__ import annotations
 
-from training import models
-from training.chat import PromptFormat
+from training.evaluation.config import EvalConfig
 from training.evaluation.measure import repair_report, self_repair
+from training.modeling import models
+from training.modeling.chat import PromptFormat
 from training.rollout.base import Completion
-from training.stages.evaluate import EvalConfig
 from training.stages.gate import metric_counts
 from training.tasksets.schema import Task
 

@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_down_up_keeps_models_checkpoints_and_mlflow_artifacts(tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    from training import cli, models, registry, storage, tracking
+    from training import cli, registry, storage, tracking
+    from training.modeling import models
 
     ports = {"s3": free_port(), "mlflow": free_port()}
     stack = Stack(tmp_path / "state", ports)

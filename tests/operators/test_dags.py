@@ -81,7 +81,7 @@ def test_stage_configs_from_params() -> None:
     assert json.loads(stage_config("gate", gate)) == {"metrics": ["pass1", "long_context"],
                                                       "noninferiority_margin": 0.03, "max_kl": 0.5}
     from training.config import from_dict
-    from training.stages.gate import GateConfig
+    from training.evaluation.gate_rules import GateConfig
 
     assert from_dict(GateConfig, json.loads(stage_config("gate", gate))).margin_for("math") == 0.03
     overrides = {"rl_round": {"steps": 5}, "rl_round_2": {"steps": 7}, "gate": {"tolerance": 0.05}}

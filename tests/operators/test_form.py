@@ -34,8 +34,8 @@ def test_form_opens_valid_with_sections_help_and_labels() -> None:
 
 
 def test_dropdowns_match_the_code() -> None:
-    from training import algorithms
     from training.profiles import PROFILES
+    from training.rl import algorithms
     from training.rollout import ENGINES
 
     assert set(ADVANTAGE_LABELS) == set(algorithms.ADVANTAGES)

@@ -54,7 +54,7 @@ def split_tasks(tasks):
 def tiny_model():
     import torch
 
-    from training import models
+    from training.modeling import models
 
     tasks = make_tasks()
     tok = models.build_tiny_tokenizer([t.prompt for t in tasks] + [t.reference for t in tasks], vocab_size=300)

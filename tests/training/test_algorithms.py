@@ -1,4 +1,4 @@
-"""The maths of training/algorithms.py against numbers computed by hand (the arithmetic is in the comments)."""
+"""The maths of training/rl/algorithms.py against numbers computed by hand (the arithmetic is in the comments)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from training import algorithms as A
+from training.rl import algorithms as A
 
 
 def close(x: torch.Tensor, expected) -> None:

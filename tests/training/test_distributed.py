@@ -1,4 +1,4 @@
-"""Training past one process: the pure helpers of training/distributed.py, and real 2-process torchrun runs on
+"""Training past one process: the pure helpers of training/modeling/distributed.py, and real 2-process torchrun runs on
 CPU (gloo) of SFT and a GRPO round under DDP and FSDP against the 1-process run with the same global batch,
 plus a 2-rank round killed mid-round and retried from its sharded (DCP) checkpoint.
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from training import distributed, stage, storage
+from training import stage, storage
+from training.modeling import distributed
 
 ROOT = Path(__file__).resolve().parents[2]
 LOSS_TOLERANCE = 1e-4
@@ -145,7 +146,8 @@ def _report(run: str) -> dict:
 @pytest.mark.timeout(1200)  # five 2-rank or 1-process rounds: 597 s in one CI run on 2 shared cores
 def test_grpo_round_ddp_fsdp_match_one_process_and_a_killed_rank_resumes(easy_sft_run, tmp_path) -> None:
     from training.config import from_dict
-    from training.stages.rl_round import GRPOConfig, run_round
+    from training.rl.config import GRPOConfig
+    from training.stages.rl_round import run_round
 
     one_run = _copy(easy_sft_run, tmp_path / "one", ("taskset", "sft"))
     stage.run_stage("rl_round_1", from_dict(GRPOConfig, ROUND), one_run, lambda ctx: run_round(ctx, 1))

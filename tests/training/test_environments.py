@@ -10,13 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training import algorithms, models
-from training.chat import PromptFormat
 from training.environments import CalculatorEnv, CodeRepairEnv, environment_for, step_all
 from training.environments.calculator import calculate
 from training.environments.episodes import Episode, final_answer_credit, run_episodes, split_first_answer
-from training.grpo_batches import completion_logprobs, micro_batches
+from training.modeling import models
+from training.modeling.chat import PromptFormat
 from training.rewards import score_tasks
+from training.rl import algorithms
+from training.rl.grpo_batches import completion_logprobs, micro_batches
 from training.rollout.base import Completion
 from training.tasksets.schema import Task
 
@@ -132,7 +133,7 @@ def test_a_planted_first_answer_is_masked_and_the_model_answers_its_failure(tok)
 def test_planted_attempts_fail_the_visible_tests() -> None:
     import random
 
-    from training.stages.rl_round import planted_attempts
+    from training.environments.planting import planted_attempts
     from training.tasksets.generators import generate
 
     tasks = generate("code", 40, 3, (4, 5)) + [Task("m1", "math", "1+1", "math", reference="2", answer="2")]
@@ -150,8 +151,8 @@ def test_planted_attempts_fail_the_visible_tests() -> None:
 def test_mirrored_plants_start_from_the_reference_and_ask_for_the_near_miss() -> None:
     import random
 
+    from training.environments.planting import mirrored_plants, planted_attempts
     from training.rewards import score_tasks
-    from training.stages.rl_round import mirrored_plants, planted_attempts
     from training.tasksets.generators import generate
 
     tasks = generate("code", 40, 3, (4, 5)) + [Task("m1", "math", "1+1", "math", reference="2", answer="2")]
@@ -233,7 +234,8 @@ def test_a_repaired_episode_credits_its_final_answer_only(tok) -> None:
 def test_turn_level_credit_gives_first_answers_their_own_advantage(tok) -> None:
     """answer_credit="turn": a first answer is scored and credited on its own, the later answers take the
     episode's advantage, and a group that always ends right but not always first time still trains."""
-    from training.stages.rl_round import GRPOConfig, first_answer_rewards, turn_credit_rows
+    from training.rl.config import GRPOConfig
+    from training.rl.credit import first_answer_rewards, turn_credit_rows
 
     def episode(*answers: str, planted: bool = False) -> Episode:
         ep = Episode(TASK, None, [1, 2])
@@ -297,7 +299,8 @@ def test_multi_turn_grpo_step_is_deterministic_and_logs_episodes(tiny_model, mon
     import dataclasses
 
     import training.rewards
-    from training.stages.rl_round import GRPOConfig, Round
+    from training.rl.config import GRPOConfig
+    from training.rl.round import Round
     from training.tasksets.generators import generate
 
     # An untrained model earns 0 everywhere; a length-parity reward gives every group some variance. Its
@@ -333,7 +336,7 @@ def test_multi_turn_grpo_step_is_deterministic_and_logs_episodes(tiny_model, mon
     rnd = Round.build(turn, 1, copy.deepcopy(model).train(), tok, copy.deepcopy(model).eval(), tasks,
                       torch.device("cpu"))
     m = rnd.step(0)
-    firsts = [len(ep.answers[0]) % 2 for ep in rnd._episodes]
+    firsts = [len(ep.answers[0]) % 2 for ep in rnd.last_draw.episodes]
     assert len(firsts) == 12 and m["episode/first_answer_reward"] == sum(firsts) / 12 and m["train/grad_norm"] > 0
 
 
@@ -359,7 +362,8 @@ def test_round_logs_sample_episodes_to_mlflow(sft_run) -> None:  # noqa: F811 - 
 
     from training import stage, storage
     from training.environments.base import register_environment
-    from training.stages.rl_round import GRPOConfig, run_round
+    from training.rl.config import GRPOConfig
+    from training.stages.rl_round import run_round
 
     register_environment("again")(AgainEnv)
     cfg = GRPOConfig(steps=2, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=6, checkpoint_every=0,
@@ -384,7 +388,8 @@ def test_a_round_with_planted_first_answers_trains_the_repair_turn_only(monkeypa
     import dataclasses
 
     import training.rewards
-    from training.stages.rl_round import GRPOConfig, Round
+    from training.rl.config import GRPOConfig
+    from training.rl.round import Round
     from training.tasksets.generators import generate
 
     monkeypatch.setattr(training.rewards, "score_tasks", lambda tasks, texts: [float(len(t) % 2) for t in texts])

@@ -14,8 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import models, stage, storage
-from training.stages.rl_round import Curriculum, GRPOConfig, Round, derive_seed, domain_counts, pick_prompts, run_round
+from training import stage, storage
+from training.modeling import models
+from training.rl.config import GRPOConfig
+from training.rl.curriculum import Curriculum, domain_counts, pick_prompts
+from training.rl.round import Round, derive_seed
+from training.stages.rl_round import run_round
 from training.stages.sft import SFTConfig, train as sft_train
 
 ROOT = Path(__file__).resolve().parents[2]

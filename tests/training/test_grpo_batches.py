@@ -7,9 +7,10 @@ import copy
 import pytest
 import torch
 
-from training.grpo_batches import PackedGroups, build_batch, completion_logprobs, micro_batches, pack_groups
+from training.rl.config import GRPOConfig
+from training.rl.grpo_batches import PackedGroups, build_batch, completion_logprobs, micro_batches, pack_groups
+from training.rl.update import policy_update
 from training.rollout import make_engine
-from training.stages.rl_round import GRPOConfig, policy_update
 
 PROMPTS = ["Q: 12+3=? A:", "Extract age as JSON: Bob is 31.", "Q: 7+8=? A:"]
 
@@ -91,7 +92,7 @@ def test_update_is_the_same_packed_or_padded(engine) -> None:
 
 
 def test_packed_layout_only_for_attention_that_takes_a_4d_mask(tiny_model) -> None:
-    from training.grpo_batches import takes_4d_mask
+    from training.rl.grpo_batches import takes_4d_mask
 
     model, _ = tiny_model
     assert takes_4d_mask(model)  # sdpa
@@ -103,7 +104,7 @@ def test_packed_layout_only_for_attention_that_takes_a_4d_mask(tiny_model) -> No
 
 
 def test_packing_pays_only_when_completions_differ_in_length() -> None:
-    from training.grpo_batches import packing_pays
+    from training.rl.grpo_batches import packing_pays
 
     pair = 0.0005  # ~ a 5M-parameter Qwen2: attention per (query, key) pair vs one token through the model
     # RL-typical spread (one long completion, many short): packing avoids padding every row to the longest
@@ -115,7 +116,7 @@ def test_packing_pays_only_when_completions_differ_in_length() -> None:
 
 
 def test_micro_batches_choose_the_cheaper_layout(engine) -> None:
-    from training.grpo_batches import attention_pair_cost
+    from training.rl.grpo_batches import attention_pair_cost
 
     model = engine.model
     assert attention_pair_cost(model) > 0
@@ -136,7 +137,7 @@ def test_micro_batches_choose_the_cheaper_layout(engine) -> None:
 def test_tiny_profile_packs_every_micro_batch_and_the_default_packs_where_cheaper() -> None:
     from training.config import from_dict
     from training.profiles import preset
-    from training.stages.rl_round import GRPOConfig
+    from training.rl.config import GRPOConfig
 
     # the tiny profile's lift figures were measured with every micro-batch packed: its update keeps that layout
     assert from_dict(GRPOConfig, preset("tiny", "rl_round_1")).pack_where_cheaper is False

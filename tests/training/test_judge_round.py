@@ -14,8 +14,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_tiny_round_with_a_judge_reward(file_run_uri, local_mlflow, monkeypatch) -> None:
+    from training.rl.config import GRPOConfig
     from training.stages.build_taskset import TasksetConfig, body as taskset_body
-    from training.stages.rl_round import GRPOConfig, run_round
+    from training.stages.rl_round import run_round
     from training.stages.sft import SFTConfig, train
     from training.storage import read_json, require_manifest
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.kv_cache import cache_kwarg, cache_of
+from training.modeling.kv_cache import cache_kwarg, cache_of
 from training.rollout.hf import HFRolloutEngine
 from training.rollout.lean_decode import GPT2LeanDecoder, LeanDecoder, lean_decoder
 
@@ -13,7 +13,7 @@ from training.rollout.lean_decode import GPT2LeanDecoder, LeanDecoder, lean_deco
 def build(kind: str, **extra):
     import transformers
 
-    if kind == "gpt2":  # the tiny profile's architecture (training/models.py), dropout on as it trains
+    if kind == "gpt2":  # the tiny profile's architecture (training/modeling/models.py), dropout on as it trains
         torch.manual_seed(0)
         return transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=256, **extra)).eval()

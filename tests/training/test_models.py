@@ -1,10 +1,11 @@
-"""training/models.py: the tiny tokenizer and model, and loading from a local folder or a manifested folder."""
+"""training/modeling/models.py: the tiny tokenizer and model, and loading from a local folder or a manifested folder."""
 
 from __future__ import annotations
 
 import torch
 
-from training import models, storage
+from training import storage
+from training.modeling import models
 
 
 def test_tiny_tokenizer_splits_digits_and_has_pad_eos(tiny_model) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from training import stage, storage
-from training.chat import ChatSettings, PromptFormat, stop_token_ids
-from training.synthetic_models import build_chatml_qwen2
+from training.modeling.chat import ChatSettings, PromptFormat, stop_token_ids
+from training.modeling.synthetic_models import build_chatml_qwen2
 
 NAMES = ["Ava", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lena"]
 ITEMS = ["apples", "pens", "stamps", "shells", "books", "coins", "marbles", "cards"]
@@ -58,7 +58,7 @@ def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list
 
 
 def test_stop_ids_are_every_eos_and_the_end_of_turn(chat_model_dir) -> None:
-    from training import models
+    from training.modeling import models
 
     folder, _, _ = chat_model_dir
     model, tok = models.load_model(str(folder))
@@ -80,7 +80,7 @@ def test_stop_ids_are_every_eos_and_the_end_of_turn(chat_model_dir) -> None:
 
 def test_a_sampled_second_eos_also_stops(chat_model_dir) -> None:
     """Stopping on every eos id: a model made to prefer <|endoftext|> stops there, finish_reason "stop"."""
-    from training import models
+    from training.modeling import models
     from training.rollout.hf import HFRolloutEngine
 
     folder, _, _ = chat_model_dir
@@ -103,13 +103,16 @@ def test_a_sampled_second_eos_also_stops(chat_model_dir) -> None:
 
 @pytest.mark.slow
 def test_pretrained_chat_model_end_to_end(chat_model_dir, file_run_uri, local_mlflow, tmp_path) -> None:
-    from training import models
     from training.config import from_dict
+    from training.evaluation.config import EvalConfig
+    from training.evaluation.gate_rules import GateConfig
+    from training.modeling import models
+    from training.rl.config import GRPOConfig
     from training.rollout.hf import HFRolloutEngine
     from training.stages.build_taskset import TasksetConfig, body as taskset_body
-    from training.stages.evaluate import EvalConfig, body as evaluate_body
-    from training.stages.gate import GateConfig, body as gate_body
-    from training.stages.rl_round import GRPOConfig, run_round
+    from training.stages.evaluate import body as evaluate_body
+    from training.stages.gate import body as gate_body
+    from training.stages.rl_round import run_round
     from training.stages.sft import SFTConfig, train
 
     folder, gsm, he = chat_model_dir

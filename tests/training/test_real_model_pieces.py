@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from training import algorithms, storage
-from training.chat import PromptFormat
+from training import storage
+from training.modeling.chat import PromptFormat
+from training.rl import algorithms
 from training.tasksets.schema import Task
 
 
@@ -34,7 +35,8 @@ def test_sft_fails_naming_the_longest_when_too_many_examples_are_over_length(tin
 
 
 def test_prompts_over_the_limit_are_dropped_and_counted(tiny_model) -> None:
-    from training.stages.rl_round import fitting_tasks, prompt_limit
+    from training.modeling.chat import fitting_tasks
+    from training.modeling.models import prompt_limit
 
     model, tok = tiny_model
     fmt = PromptFormat(tok)
@@ -87,10 +89,10 @@ def test_is_weights_scale_the_policy_gradient() -> None:
 def test_lora_reference_is_the_adapter_disabled_base(tiny_model) -> None:
     import copy
 
-    from training.grpo_batches import build_batch, completion_logprobs
-    from training.lora import LoraSettings, apply_lora, merged_state_dict
+    from training.modeling.lora import LoraSettings, apply_lora, merged_state_dict
+    from training.rl.grpo_batches import build_batch, completion_logprobs
+    from training.rl.update import reference_logprobs
     from training.rollout import Completion
-    from training.stages.rl_round import reference_logprobs
 
     base, tok = tiny_model
     base_copy = copy.deepcopy(base)
@@ -118,9 +120,9 @@ def test_lora_reference_is_the_adapter_disabled_base(tiny_model) -> None:
 
 
 def test_offloaded_reference_runs_where_it_lives(tiny_model) -> None:
-    from training.grpo_batches import build_batch, completion_logprobs
+    from training.rl.grpo_batches import build_batch, completion_logprobs
+    from training.rl.update import reference_logprobs
     from training.rollout import Completion
-    from training.stages.rl_round import reference_logprobs
 
     model, tok = tiny_model
     completions = [Completion(token_ids=tok("15", add_special_tokens=False)["input_ids"], text="15")]

@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-from training.grpo_batches import build_batch, completion_logprobs
+from training.rl.grpo_batches import build_batch, completion_logprobs
 from training.rollout import Completion, RolloutEngine, make_engine
 
 PROMPTS = ["Q: 12+3=? A:", "Extract age as JSON: Bob is 31.", "Q: 7+8=? A:"]
@@ -84,7 +84,7 @@ def test_logprobs_match_a_forward_pass(engine, temperature) -> None:
 def test_update_weights_from_state_dict_and_folder(tiny_model, tmp_path) -> None:
     import copy
 
-    from training import models
+    from training.modeling import models
 
     model, tok = tiny_model
     clone = copy.deepcopy(model)
@@ -156,7 +156,7 @@ def test_inverse_cdf_sampling_matches_the_distribution() -> None:
 def test_reserved_cache_gives_the_concatenating_cache_s_logits_exactly(tiny_model) -> None:
     import copy
 
-    from training.kv_cache import cache_kwarg, cache_of, reserve_cache, select_cache_rows
+    from training.modeling.kv_cache import cache_kwarg, cache_of, reserve_cache, select_cache_rows
 
     model, _ = tiny_model
     torch.manual_seed(0)

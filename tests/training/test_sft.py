@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training import checkpointing, models, stage, storage
+from training import checkpointing, stage, storage
+from training.modeling import models
 from training.stages.sft import LoraSettings, SFTConfig, collate, lr_at, pack, response_loss, tokenize_example, train
 
 
@@ -133,7 +134,7 @@ class CharTokenizer:  # one token per character, id 0 = eos
 
 
 def test_long_context_examples_grow_fit_and_train_on_the_answer_only() -> None:
-    from training.chat import PromptFormat
+    from training.modeling.chat import PromptFormat
     from training.stages.sft import SFTConfig, long_context_examples
     from training.tasksets.generators import generate
 
@@ -154,9 +155,9 @@ def test_long_context_examples_grow_fit_and_train_on_the_answer_only() -> None:
 
 
 def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_the_fix() -> None:
-    from training.chat import PromptFormat
     from training.environments import CodeRepairEnv
     from training.environments.code_repair import near_miss
+    from training.modeling.chat import PromptFormat
     from training.stages.sft import repair_examples
     from training.tasksets.generators import generate
 
@@ -193,9 +194,9 @@ def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_
 
 
 def test_a_mirrored_repair_example_asks_for_the_attempt_on_the_same_prompt() -> None:
-    from training.chat import PromptFormat
     from training.environments import CodeRepairEnv
     from training.environments.code_repair import mirror_tasks
+    from training.modeling.chat import PromptFormat
     from training.rewards import score_tasks
     from training.stages.sft import repair_examples
     from training.tasksets.generators import generate

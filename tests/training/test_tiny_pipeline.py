@@ -28,8 +28,9 @@ GRPO = {"seed": SEED, **TINY["rl_round"]}
 # the speed.
 @pytest.mark.timeout(1500)
 def test_sft_then_two_rounds_lift_two_domains(file_run_uri, local_mlflow) -> None:
+    from training.rl.config import GRPOConfig
     from training.stages.build_taskset import TasksetConfig, body as taskset_body
-    from training.stages.rl_round import GRPOConfig, run_round
+    from training.stages.rl_round import run_round
     from training.stages.sft import SFTConfig, train
 
     stage.run_stage("taskset", from_dict(TasksetConfig, TASKSET), file_run_uri, taskset_body)

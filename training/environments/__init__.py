@@ -9,6 +9,7 @@ code_repair.py  runs a code task's visible tests in the sandbox; replies with th
                 expected; done when they pass
 calculator.py   math with a calculator tool: `calc(<expression>)` in an answer is evaluated and the value
                 returned; done when an answer calls no tool
+planting.py     planted wrong first answers (and mirrored tasks) that make an RL group practise repair
 episodes.py     runs G episodes per task through any rollout engine, up to T turns, and lays each out as one
                 completion (model tokens and environment tokens, the latter masked from the loss)
 """

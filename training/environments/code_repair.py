@@ -13,7 +13,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sandbox import Job
 from training.environments.base import Step, register_environment
+from training.rewards.code import code_job, parses, run_jobs
 from training.tasksets.schema import Task, visible_tests
 
 
@@ -89,9 +91,6 @@ def mirror_tasks(tasks: Sequence[Task], programs: Sequence[str]) -> list[Task | 
     import json
     from dataclasses import replace
 
-    from sandbox import Job
-    from training.rewards.code import run_jobs
-
     jobs, rows = [], []
     for i, (task, program) in enumerate(zip(tasks, programs)):
         tests = task.tests
@@ -155,7 +154,6 @@ class CodeRepairEnv:
     @classmethod
     def step_batch(cls, envs: Sequence[CodeRepairEnv], completions: Sequence[str]) -> list[Step]:
         """Every program of this turn against its visible tests, as one sandbox batch."""
-        from training.rewards.code import code_job, parses, run_jobs
 
         out: list[Step | None] = [None] * len(envs)
         jobs, rows = [], []

@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from training.chat import PromptFormat
 from training.environments.base import Environment, step_all
+from training.modeling.chat import PromptFormat
 from training.rollout.base import Completion
 from training.tasksets.schema import Task
 

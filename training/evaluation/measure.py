@@ -17,7 +17,7 @@
   cell, and the worst decile of tasks named (ids and the cells they fall in).
 
 Every function takes a rollout engine, so the same code measures through transformers or vLLM, and every
-prompt is rendered through the model's chat template (training.chat.PromptFormat) as in training. A prompt that
+prompt is rendered through the model's chat template (training.modeling.chat.PromptFormat) as in training. A prompt that
 does not fit the model's context with its completion budget is dropped and counted, never cut.
 """
 
@@ -25,21 +25,20 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from training.chat import PromptFormat
-from training.environments.code_repair import repair_reply  # noqa: F401 - SFT's repair examples import it here
+from training.environments import environment_for
+from training.environments.episodes import run_episodes
+from training.evaluation.config import EvalConfig
 from training.evaluation.metrics import mean_pass_at_k
+from training.modeling.chat import PromptFormat
+from training.rewards import get_verifier, verify_tasks
+from training.tasksets.distractors import distractor_text
 from training.tasksets.schema import Task
-
-if TYPE_CHECKING:
-    from training.stages.evaluate import EvalConfig
 
 
 def format_ok(task: Task, completion: str) -> bool:
     """Does the completion have the shape the task's verifier can judge (right or wrong)?"""
-    from training.rewards import get_verifier
-
     return get_verifier(task.verifier).format_ok(task, completion)
 
 
@@ -64,10 +63,6 @@ def self_repair(engine: Any, tasks: list[Task], cfg: EvalConfig, fmt: PromptForm
     ..., 1 + repair_turns turns]}, {task index: 1 where the episode ended for lack of context}). Within k turns
     means the answer the episode ended with by turn k (it ends once the visible tests pass), judged by the
     task's own verifier (the hidden tests), so turn 1 is the greedy first attempt."""
-    from training.environments import environment_for
-    from training.environments.episodes import run_episodes
-    from training.rewards import verify_tasks
-
     idx = [i for i, t in enumerate(tasks) if t.domain in cfg.environments]
     if not idx:
         return {}, {}
@@ -82,27 +77,6 @@ def self_repair(engine: Any, tasks: list[Task], cfg: EvalConfig, fmt: PromptForm
               for k, (i, ep) in enumerate(zip(idx, episodes))}
     cut = {i: int(ep.ended_by == "context") for i, ep in zip(idx, episodes)}
     return within, cut
-
-
-def _n_tokens(tokenizer: Any, text: str) -> int:
-    return len(tokenizer(text)["input_ids"])
-
-
-def distractor_text(tasks: list[Task], rng: random.Random, tokenizer: Any, budget: int) -> str:
-    """Other tasks (prompt + reference) as filler, as many as fit in `budget` tokens (evaluation's long-context
-    sweep, and SFT's long-context examples)."""
-    parts, used = [], 0
-    for _ in range(4 * max(budget, 1)):
-        other = tasks[rng.randrange(len(tasks))]
-        text = f"{other.prompt}{other.reference}\n"
-        cost = _n_tokens(tokenizer, text)
-        if used + cost > budget:
-            if used:
-                break
-            continue
-        parts.append(text)
-        used += cost
-    return "".join(parts)
 
 
 def failure_modes(passed: list[bool], correct: list[int], n_samples: int, ks: list[int]) -> dict[str, Any]:
@@ -143,13 +117,6 @@ def long_tail(rows: list[tuple[str, str, int, int, int]], decile: float = 0.1) -
     }
 
 
-def context_limit(model_or_config: Any) -> int | None:
-    """The model's position limit (GPT-2's n_positions, max_position_embeddings elsewhere), from a model or its
-    config; None when it names none."""
-    cfg = getattr(model_or_config, "config", model_or_config)
-    return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
-
-
 def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConfig,
                    max_context: int | None = None, fmt: PromptFormat | None = None) -> dict[str, Any]:
     """Every measurement above for one model; counts are kept so the gate can compute intervals.
@@ -158,8 +125,6 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
     (counted in "dropped_over_length"), and distractor text is sized so prompt + completion fit.
     fmt: how prompts are rendered (default: the tokenizer's chat template and its saved chat settings).
     """
-    from training.rewards import verify_tasks
-
     fmt = fmt or PromptFormat(tokenizer, getattr(tokenizer, "chat_settings", None),
                               getattr(getattr(engine, "model", None), "generation_config", None))
     max_prompt = max_context - cfg.max_new_tokens if max_context else None

@@ -34,6 +34,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import sandbox
+from sandbox import Job, Status, TestCase, TestProgram
+from sandbox.client import RemoteSandbox
 from training.rewards.base import REWARDS, Verifier, register_verifier
 
 SANDBOX_URL_ENV = "POSTTRAIN_SANDBOX_URL"
@@ -78,12 +81,11 @@ def run_jobs(jobs: list[Any], concurrency: int | None = None) -> list[Any]:
 def _run_unique(jobs: list[Any], concurrency: int | None) -> list[Any]:
     url = sandbox_url()
     if url:
-        from sandbox.client import RemoteSandbox
 
         return RemoteSandbox(url, os.environ.get(SANDBOX_TOKEN_ENV, "").strip() or None).run_batch(jobs)
-    from sandbox import run_batch
 
-    return run_batch(jobs, concurrency=concurrency)  # None: run_batch's default
+    # looked up on the package when called, so a test can spy on the pool's batches
+    return sandbox.run_batch(jobs, concurrency=concurrency)  # None: run_batch's default
 
 
 _FENCE_RE = re.compile(r"```[ \t]*[\w+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -128,7 +130,6 @@ _PROGRAM_KEYS = {"program", "entry_point", "setup"}
 
 def test_program(tests: Any) -> Any:
     """The sandbox.TestProgram a `{"program": ...}` tests object describes (raises ValueError when malformed)."""
-    from sandbox import TestProgram
 
     unknown = set(tests) - _PROGRAM_KEYS
     if unknown:
@@ -196,7 +197,6 @@ def code_job(completion: str, tests: Any, metadata: Any, job_id: str, limits: An
     None when nothing can be verified: an empty completion, no tests, or malformed tests."""
     if not completion.strip():
         return None
-    from sandbox import Job, TestCase
 
     try:
         tests = _as_obj(tests, [])
@@ -235,7 +235,6 @@ class CodeVerifier(Verifier):
 
     def score(self, tasks: Sequence[Any], completions: Sequence[str], *, concurrency: int | None = None,
               limits: Any = None, **_: Any) -> list[float | None]:
-        from sandbox import Status
 
         return [1.0 if v is not None and v.status == Status.PASSED else 0.0
                 for v in _verdicts(tasks, completions, concurrency, limits)]
@@ -254,7 +253,6 @@ class CodeVerifier(Verifier):
 
     def explain(self, tasks: Sequence[Any], completions: Sequence[str], *, concurrency: int | None = None,
                 limits: Any = None, **_: Any) -> list[str]:
-        from sandbox import Status
 
         out = []
         for task, completion, v in zip(tasks, completions, _verdicts(tasks, completions, concurrency, limits)):

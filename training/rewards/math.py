@@ -33,6 +33,7 @@ from fractions import Fraction
 from typing import Any
 
 from training.rewards.base import REWARDS, Verifier, register_verifier
+from training.rewards.symbolic import default_checker
 
 _MINUS = "\u2212\ufe63\uff0d\u2012\u2013"  # minus sign, small/fullwidth hyphen-minus, figure and en dash
 _THOUSANDS = ",\u2009\u202f_'"  # comma, thin space, narrow no-break space, underscore, apostrophe (Swiss)
@@ -230,7 +231,6 @@ def verify_many(completions: Sequence[str], answers: Sequence[str], strict: bool
             pending.append((i, str(answer), predicted))
     if pending:
         if checker is None:
-            from training.rewards.symbolic import default_checker
 
             checker = default_checker()
         for (i, _, _), ok in zip(pending, checker.equal_many([(gold, pred) for _, gold, pred in pending])):

@@ -10,9 +10,12 @@ To add an engine: implement `RolloutEngine` (base.py) in its own module, then na
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.rollout.base import Completion, RolloutEngine
+
+if TYPE_CHECKING:  # the Airflow image imports ENGINES (the trigger form) and has no torch
+    import torch
 
 # name -> what it is; the one list of engine names (configs, the trigger form and tests read it).
 ENGINES: dict[str, str] = {
@@ -23,15 +26,26 @@ ENGINES: dict[str, str] = {
 
 def make_engine(kind: str, model: Any, tokenizer: Any, **kwargs: Any) -> RolloutEngine:
     """'hf' (transformers generate, shares the trainer's model object) or 'vllm' (GPU; model is a folder)."""
+    # Each engine is imported when asked for: hf needs torch, vllm needs vllm, and the Airflow image imports this
+    # package (ENGINES, for the trigger form) with neither.
     if kind == "hf":
-        from training.rollout.hf import HFRolloutEngine
+        from training.rollout.hf import HFRolloutEngine  # inside: torch
 
         return HFRolloutEngine(model, tokenizer, **kwargs)
     if kind == "vllm":
-        from training.rollout.vllm import VLLMRolloutEngine
+        from training.rollout.vllm import VLLMRolloutEngine  # inside: vllm, the optional `gpu` extra
 
         return VLLMRolloutEngine(model, tokenizer, **kwargs)
     raise ValueError(f"unknown rollout engine {kind!r}; use one of {', '.join(ENGINES)}")
 
 
-__all__ = ["ENGINES", "Completion", "RolloutEngine", "make_engine"]
+def resolve_engine(name: str, device: torch.device) -> str:
+    """"auto" is vLLM on a CUDA device when vllm is installed, else transformers."""
+    if name != "auto":
+        return name
+    from training.rollout.vllm import HAVE_VLLM  # inside: importing it imports vllm itself, where installed
+
+    return "vllm" if device.type == "cuda" and HAVE_VLLM else "hf"
+
+
+__all__ = ["ENGINES", "Completion", "RolloutEngine", "make_engine", "resolve_engine"]

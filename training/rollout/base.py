@@ -1,6 +1,6 @@
 """The one interface every rollout engine implements, the record it returns, and prompt padding.
 
-Engines take prompts as token ids (a stage renders them with training.chat.PromptFormat), so special tokens
+Engines take prompts as token ids (a stage renders them with training.modeling.chat.PromptFormat), so special tokens
 and BOS are exactly what the trainer sees; a plain string is tokenised without special tokens (tests, tools).
 Every engine stops a completion at any of its `stop_ids` (every EOS of the generation config and the chat
 template's end-of-turn token).

@@ -2,14 +2,12 @@
 
 Two implementations with the same results for greedy decoding (tested): `impl="loop"` (default), a plain
 decode loop over the model's forward with its KV cache (`past_key_values`), and `impl="generate"`, transformers'
-`model.generate`. For small models the loop is ~2x faster: generate's per-token bookkeeping (logits processors,
+`model.generate`. For small models the loop is faster: generate's per-token bookkeeping (logits processors,
 stopping criteria, input preparation) costs more than the forward pass itself. For Llama-family models (Llama,
 Qwen2, Qwen3, Mistral) and GPT-2 the loop's per-token steps go through `training.rollout.lean_decode` (the same
 arithmetic without transformers' per-call machinery, against a preallocated key/value buffer; `lean=False` turns
-it off): the loop then measured 1.56x `generate`'s tokens/s at 128-token completions and 2.04x at 512 on a
-5M-parameter Qwen2, 1.39x and 1.82x on a 30M one, one CPU thread each (`benchmarks/qwen2.py --parts rollout`,
-best of 3). On the tiny profile's GPT-2 a 20-step GRPO round took 27.5 s instead of 30.9 s, with the same
-rollouts (the same train reward and holdout to the last digit).
+it off), with the same rollouts. `benchmarks/qwen2.py --parts rollout` measures the loop against `generate`
+(docs/results.md).
 
 The engine shares the trainer's model object, so `update_weights` is only needed when the weights come from
 elsewhere (a state dict or a saved folder). Sampling is seeded: the same (prompts, n_samples, seed) on the same
@@ -24,7 +22,7 @@ from typing import Any
 
 import torch
 
-from training.kv_cache import cache_kwarg, cache_of, reserve_cache, select_cache_rows
+from training.modeling.kv_cache import cache_kwarg, cache_of, reserve_cache, select_cache_rows
 from training.rollout.base import Completion, Prompt, left_pad, prompt_ids
 from training.rollout.lean_decode import lean_decoder
 
@@ -166,8 +164,8 @@ class HFRolloutEngine:
 
 def _sample(logp: torch.Tensor) -> torch.Tensor:
     """One token per row from log-probs (N, V) by inverse-CDF sampling: the first token whose cumulative
-    probability exceeds a uniform draw. One uniform per row makes it ~15x faster than torch.multinomial on CPU
-    for a batch of rows (multinomial draws through a slower generator path). Float64 keeps the cumulative sum
+    probability exceeds a uniform draw. One uniform per row is much cheaper than torch.multinomial on CPU for a
+    batch of rows (multinomial draws through a slower generator path). Float64 keeps the cumulative sum
     exact enough that no zero-probability token (top-p filtered) can be picked."""
     cum = logp.double().exp().cumsum(-1)  # (N, V)
     u = torch.rand(cum.shape[0], 1, dtype=torch.float64, device=cum.device) * cum[:, -1:]  # (N, 1) in [0, total)

@@ -118,10 +118,9 @@ class LeanDecoder:
 
     def fuse(self) -> None:
         """Concatenate each layer's q/k/v weights (and biases), where that is cheap: one matmul instead of three
-        saves per-call overhead, which is what small models are bound by (measured ~5-10% of q/k/v time at 5-30M
-        parameters on a CPU). Gate and up stay apart: their fused weight is larger than a core's cache and
-        measured 10-25% slower as one matmul. Larger models (FUSE_MAX_BYTES) keep q/k/v apart too, rather than
-        hold a second copy of those weights."""
+        saves per-call overhead, which is what small models are bound by on a CPU. Gate and up stay apart: their
+        fused weight is larger than a core's cache, and one matmul over it ran slower than two. Larger models
+        (FUSE_MAX_BYTES) keep q/k/v apart too, rather than hold a second copy of those weights."""
         self.fused: list[tuple[torch.Tensor, torch.Tensor | None] | None] = []
         weights = [m.weight for layer in self.layers
                    for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)]

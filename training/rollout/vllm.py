@@ -16,7 +16,7 @@ KV cache of a prompt across its G samples and across the turns of a conversation
 Weight sync: a state dict goes through the in-process model's `load_weights` (vLLM's own loader, which handles
 fused and renamed parameters), reached with `LLM.apply_model`; the engine runs vLLM in-process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0) so no tensors cross a process boundary, and the prefix cache is reset after.
-A LoRA policy is synced as merged weights (training.lora.merged_state_dict). When the in-place path is
+A LoRA policy is synced as merged weights (training.modeling.lora.merged_state_dict). When the in-place path is
 unavailable, the state dict is saved to a temp folder and the engine is rebuilt from it: slower, always
 correct. `last_sync_s` is the wall time of the last sync (logged every step). Log-probs are the sampled tokens'
 log-probs after temperature ("processed_logprobs" where vLLM supports it), the transformers engine's convention,
@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from training.modeling.models import save_pretrained
 from training.rollout.base import Completion, Prompt, prompt_ids
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,6 @@ class VLLMRolloutEngine:
         self.sleeping = False
         self._tmp: tempfile.TemporaryDirectory | None = None
         if not isinstance(model, (str, Path)):
-            from training.models import save_pretrained
 
             # Plain weights, a LoRA policy merged: vLLM serves what the trainer's policy computes.
             self._tmp = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")

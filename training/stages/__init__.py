@@ -3,7 +3,7 @@ its body (`body(ctx) -> summary`, run under the stage contract of training/stage
 
     posttrain build-taskset  -> build_taskset.py  (stage folder `taskset`)
     posttrain sft            -> sft.py            (`sft`)
-    posttrain rl-round       -> rl_round.py       (`rl_round_<N>`)
+    posttrain rl-round       -> rl_round.py       (`rl_round_<N>`; the round itself: training/rl/)
     posttrain evaluate       -> evaluate.py       (`evaluate`)
     posttrain gate           -> gate.py           (`gate`)
     posttrain promote        -> promote.py        (`promote`)

@@ -27,10 +27,13 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from training.cli import stage_cli
 from training.config import ConfigBase
+from training.rewards import VERIFIERS
 from training.stage import StageContext
 from training.tasksets.dedup import dedup, overlap_filter
-from training.tasksets.generators import generate
+from training.tasksets.generators import DOMAIN_VERIFIER, generate
+from training.tasksets.io import save_tasks
 from training.tasksets.loaders import load_source, source_label
 from training.tasksets.schema import Task
 from training.tasksets.sources import PROFILES, SourceSpec
@@ -42,6 +45,7 @@ from training.tasksets.validate import (
     Validator,
     validate_rows,
     validate_tasks,
+    write_quarantine,
 )
 
 __all__ = ["TasksetConfig", "TasksetEmptied", "SourceSpec", "Build", "build", "body", "cli", "STAGE"]
@@ -118,13 +122,11 @@ class TasksetConfig(ConfigBase):
             raise ValueError("total and counts must be >= 0")
         if self.profile == "tiny":
             self.domain_counts()  # unknown generator domains fail here, as a config error
-            from training.tasksets.generators import DOMAIN_VERIFIER
 
             unknown_levels = sorted(set(self.domain_difficulties) - set(DOMAIN_VERIFIER))
             if unknown_levels:
                 raise ValueError(f"domain_difficulties: unknown domain(s) {unknown_levels}; known: "
                                  f"{', '.join(DOMAIN_VERIFIER)}")
-        from training.rewards import VERIFIERS
 
         for domain, weights in self.reward_weights.items():
             unknown = sorted(set(weights) - set(VERIFIERS))
@@ -136,7 +138,6 @@ class TasksetConfig(ConfigBase):
 
     def domain_counts(self) -> dict[str, int]:
         """tiny: how many tasks to generate per domain."""
-        from training.tasksets.generators import DOMAIN_VERIFIER
 
         if self.counts:
             unknown = sorted(set(self.counts) - set(DOMAIN_VERIFIER))
@@ -310,8 +311,6 @@ def _metrics(report: dict[str, Any]) -> dict[str, float]:
 
 def body(ctx: StageContext) -> dict[str, Any]:
     """The stage body for `run_stage` (training/stage.py)."""
-    from training.tasksets.io import save_tasks
-    from training.tasksets.validate import write_quarantine
 
     config: TasksetConfig = ctx.config  # type: ignore[assignment]  # run_stage was given a TasksetConfig
     started = time.perf_counter()
@@ -346,7 +345,5 @@ def body(ctx: StageContext) -> dict[str, Any]:
 
 
 def cli(argv: list[str], prog: str = "posttrain build-taskset") -> int:
-    from training.cli import stage_cli
-
     return stage_cli(argv, prog, "Build the verifiable task set: generate/load, validate, dedup, split.",
                      TasksetConfig, STAGE, body, user_errors=(TasksetValidationError, TasksetEmptied))

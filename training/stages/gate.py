@@ -9,75 +9,14 @@ failure; the DAG branches on it, and `promote` refuses a blocked candidate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from training import storage
-from training.config import ConfigBase
-from training.evaluation.gate_rules import METRIC_LABELS, Counts, decide
+from training.cli import stage_cli
+from training.evaluation.gate_rules import Counts, GateConfig, decide
 from training.stage import StageContext
 
 STAGE = "gate"
-METRICS = tuple(METRIC_LABELS)
-
-
-@dataclass(frozen=True)
-class GateConfig(ConfigBase):
-    """Regression gate.
-
-    tolerance:        largest pass@1 drop (fraction, 0.01 = 1 point) tolerated per domain.
-    confidence:       level of the Newcombe interval used to call a drop credible (0.80/0.90/0.95/0.99).
-    references:       which references to compare with: "champion" (MLflow alias), "sft" (the run's SFT model).
-    min_reward_rise:  train-reward increase (first→last RL round) that, with a credible holdout drop, is
-                      called reward hacking.
-    min_samples:      a domain with fewer holdout tasks than this cannot pass the gate (too little evidence).
-    metrics:          the dimensions the regression rule compares per domain: "pass1", "pass1_strict",
-                      "format" (format-following rate), "long_context" (pass@1 behind distractors, summed over
-                      the sweep), "self_repair" (pass within the repair turns). pass@1 and format by default;
-                      add "long_context"/"self_repair" to gate on them.
-    noninferiority_margin: the largest pass@1 loss (fraction) the candidate may have against each reference,
-                      which it must *show* with a one-sided test at `confidence`, Holm-corrected across domains.
-                      0 turns the rule off (the default: on small holdouts no candidate can show it; set it
-                      with enough holdout tasks, e.g. 0.03 with 1000 per domain).
-    noninferiority_margins: per-domain margins, overriding noninferiority_margin for the domains named.
-    multiple_testing: "holm" (adjust the non-inferiority p-values across domains) or "none".
-    max_kl:           the last RL round's mean KL to the reference may not exceed this (0 = rule off).
-    min_entropy_ratio: the last RL round's mean token entropy must be at least this share of the first round's
-                      (0 = rule off): below it the policy has collapsed onto a few outputs.
-    require_any_pass: block a candidate that passes no holdout task at all (the floor: two broken models
-                      compare as "not worse", so the comparison rules alone would promote it).
-    min_pass1:        per-domain pass@1 floor (fraction); 0 = off.
-    """
-
-    tolerance: float = 0.01
-    confidence: float = 0.95
-    references: list[str] = field(default_factory=lambda: ["champion", "sft"])
-    min_reward_rise: float = 0.02
-    min_samples: int = 20
-    metrics: list[str] = field(default_factory=lambda: ["pass1", "format"])
-    noninferiority_margin: float = 0.0
-    noninferiority_margins: dict[str, float] = field(default_factory=dict)
-    multiple_testing: str = "holm"
-    max_kl: float = 0.0
-    min_entropy_ratio: float = 0.0
-    require_any_pass: bool = True
-    min_pass1: float = 0.0
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.metrics) - set(METRICS))
-        if unknown:
-            raise ValueError(f"unknown gate metrics {unknown}; expected some of {list(METRICS)}")
-        if self.multiple_testing not in ("holm", "none"):
-            raise ValueError(f"multiple_testing must be 'holm' or 'none', not {self.multiple_testing!r}")
-        margins = [self.noninferiority_margin, *self.noninferiority_margins.values()]
-        if not 0 <= self.min_pass1 <= 1:
-            raise ValueError(f"min_pass1 must be in [0, 1], got {self.min_pass1}")
-        if any(not 0 <= m < 1 for m in margins):
-            raise ValueError(f"non-inferiority margins must be in [0, 1): {margins}")
-
-    def margin_for(self, domain: str) -> float:
-        return float(self.noninferiority_margins.get(domain, self.noninferiority_margin))
-
 
 
 def metric_counts(model_report: dict[str, Any], metric: str) -> dict[str, Counts]:
@@ -150,6 +89,4 @@ def body(ctx: StageContext) -> dict[str, Any]:
 
 
 def cli(argv: list[str], prog: str = "posttrain gate") -> int:
-    from training.cli import stage_cli
-
     return stage_cli(argv, prog, "Decide promote/block from the evaluation report.", GateConfig, STAGE, body)

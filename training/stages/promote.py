@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from training import storage
+from training.cli import stage_cli
 from training.config import ConfigBase
-from training.registry import CHAMPION, DEFAULT_MODEL_NAME
+from training.registry import CHAMPION, DEFAULT_MODEL_NAME, promote
 from training.stage import StageContext
 
 STAGE = "promote"
@@ -37,7 +38,6 @@ class PromoteConfig(ConfigBase):
 
 
 def body(ctx: StageContext) -> dict[str, Any]:
-    from training.registry import promote
 
     cfg: PromoteConfig = ctx.config  # type: ignore[assignment]
     verdict = storage.read_json(ctx.input("gate"), "verdict.json")
@@ -57,7 +57,5 @@ def body(ctx: StageContext) -> dict[str, Any]:
 
 
 def cli(argv: list[str], prog: str = "posttrain promote") -> int:
-    from training.cli import stage_cli
-
     return stage_cli(argv, prog, "Register the gated candidate and move the champion alias.", PromoteConfig,
                      STAGE, body, user_errors=(GateBlocked,))

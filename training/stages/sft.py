@@ -3,7 +3,7 @@
     posttrain sft --run file:///tmp/runs/r1 --config '{"max_steps": 400}' --set lora.enabled=true
 
 Reads `<run>/taskset/train.parquet`; writes `<run>/sft/model/` (model + tokenizer, loadable with
-`training.models.load_model("<run>/sft", "model")`) and numbered checkpoints under `<run>/sft/checkpoints/`.
+`training.modeling.models.load_model("<run>/sft", "model")`) and numbered checkpoints under `<run>/sft/checkpoints/`.
 Read top to bottom: config, data (tokenise, mask, pack), model, schedule, the training loop with
 checkpoint/resume, and the stage entry point.
 """
@@ -21,14 +21,19 @@ from typing import Any
 
 import torch
 
-from training import checkpointing, distributed, models
-from training.chat import ChatSettings, PromptFormat
+from training import checkpointing
+from training.cli import stage_cli
 from training.config import ConfigBase
-from training.devices import resolve_device
-from training.lora import LoraSettings, apply_lora
-from training.optimizers import adamw
-from training.precision import autocast, enable_gradient_checkpointing, resolve_precision
+from training.environments import CodeRepairEnv, step_all
+from training.environments.code_repair import mirror_tasks, near_miss
+from training.modeling import distributed, models
+from training.modeling.chat import ChatSettings, PromptFormat
+from training.modeling.devices import resolve_device
+from training.modeling.lora import LoraSettings, apply_lora
+from training.modeling.optimizers import adamw
+from training.modeling.precision import autocast, enable_gradient_checkpointing, resolve_precision
 from training.stage import StageContext
+from training.tasksets.distractors import distractor_text
 from training.tasksets.schema import Task
 
 STAGE = "sft"
@@ -45,10 +50,10 @@ class SFTConfig(ConfigBase):
                        "" = tiny profile: train a tokenizer on the task corpus and build a GPT-2 from `tiny`.
     base_model_subdir: sub-folder of a manifested base_model that holds the model ("model" for a stage output).
     vocab_size:        tiny profile tokenizer size (byte-level BPE, digits split one per token).
-    tiny:              tiny profile model shape (training.models.TinyModelConfig).
+    tiny:              tiny profile model shape (training.modeling.models.TinyModelConfig).
     domains:           task domains to train on ([] = all in the train split).
     max_examples:      cap on training examples (0 = all), taken in file order.
-    chat:              system prompt and per-domain answer-format instructions (training.chat.ChatSettings);
+    chat:              system prompt and per-domain answer-format instructions (training.modeling.chat.ChatSettings);
                        saved with the model, so RL rounds and evaluation render prompts the same way.
     max_seq_len:       packed row length in tokens. Examples are never cut: an example longer than this is
                        dropped and counted, and the stage fails when more than `max_overlong_share` of the
@@ -82,13 +87,13 @@ class SFTConfig(ConfigBase):
     checkpoint_every:  save a resumable checkpoint every N steps (0 = only at the end).
     log_every:         step metrics to MLflow every N steps.
     lora:              LoraSettings; off by default (the tiny profile trains from scratch).
-    precision:         "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16" (training.precision).
+    precision:         "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16" (training.modeling.precision).
     gradient_checkpointing: recompute activations in the backward pass (less memory, ~1/3 more compute).
     keep_checkpoints:  mid-stage checkpoints kept (the newest N; older ones are deleted once a newer one is
                        complete). The stage's final model is its output and is always kept.
     device:            "cpu", "cuda" or "auto".
     parallel:          under torchrun (N processes): DDP or FSDP, hybrid sharding, the memory check
-                       (training.distributed.ParallelConfig). batch_size stays the global batch: each rank
+                       (training.modeling.distributed.ParallelConfig). batch_size stays the global batch: each rank
                        trains on batch_size / N rows of it, so N ranks reach the loss one process does.
     """
 
@@ -260,8 +265,6 @@ def long_context_examples(fmt: PromptFormat, tasks: list[Task], share: float, fr
                           max_seq_len: int, seed: int) -> list[Example]:
     """round(share * len(tasks)) extra examples: a task (drawn by seed) behind distractors of other tasks, the
     distractor length cycling through `fractions` of max_seq_len, cut to what fits; loss on the answer only."""
-    from training.evaluation.measure import distractor_text
-
     rng = random.Random(f"long-context:{seed}")
     n = min(len(tasks), round(share * len(tasks)))
     out = []
@@ -283,9 +286,6 @@ def repair_examples(fmt: PromptFormat, tasks: list[Task], share: float, max_seq_
     episodes and evaluation's self-repair show) as the next user turn, then the reference; loss on the reference
     only. Attempts that pass the visible tests are skipped. `mirrors`: each also with its mirror (the same
     prompt, tests asking for the attempt, the reference as the failed attempt: SFTConfig.repair_mirrors)."""
-    from training.environments import CodeRepairEnv, step_all
-    from training.environments.code_repair import mirror_tasks, near_miss
-
     rng = random.Random(f"repair:{seed}")
     pool = [t for t in tasks if t.verifier == "code"]
     n = min(len(pool), round(share * len(pool)))
@@ -452,7 +452,5 @@ def check_memory(model: Any, cfg: SFTConfig, device: torch.device, world: int) -
 
 
 def cli(argv: list[str], prog: str = "posttrain sft") -> int:
-    from training.cli import stage_cli
-
     return stage_cli(argv, prog, "Supervised fine-tuning on the task set's reference completions.", SFTConfig,
                      STAGE, train, user_errors=(ExamplesTooLong,))

@@ -8,6 +8,7 @@ is made of.
     dedup.py       exact and near-duplicate removal, holdout n-gram contamination filter
     split.py       stratified train/holdout split, domain mixing
     io.py          save_tasks / load_tasks (parquet via `datasets`), load_stage_tasks (from a manifest)
+    distractors.py other tasks as filler text (SFT's and evaluation's long-context prompts)
     sources.py     SourceSpec: one real-data source of a task set
     check.py       `posttrain taskset check FILE`
 """

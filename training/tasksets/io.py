@@ -14,7 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from training import storage
 from training.tasksets.schema import COLUMNS, Task
+from training.tasksets.validate import TasksetValidationError, check_file
 
 
 def features():
@@ -43,13 +45,11 @@ def save_tasks(tasks: list[Task], path: Path) -> None:
 
 def load_stage_tasks(manifest, split: str, workdir: Path) -> list[Task]:
     """`split` ("train" / "holdout") of a taskset stage output, fetched with its sha256 checked."""
-    from training import storage
 
     return load_tasks(storage.fetch(manifest, f"{split}.parquet", Path(workdir) / "taskset" / f"{split}.parquet"))
 
 
 def load_tasks(path: Path) -> list[Task]:
-    from training.tasksets.validate import TasksetValidationError, check_file
 
     result = check_file(Path(path))
     if result.errors:

@@ -35,6 +35,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from sandbox import TestProgram, parse_assert_tests
+from training.rewards.code import tests_problem
+from training.rewards.math import _boxed
+from training.tasksets.schema import COLUMNS
 from training.tasksets.sources import SourceSpec
 from training.tasksets.validate import JSONL_SUFFIXES, RawRow, RowError, read_rows
 
@@ -87,7 +91,6 @@ def _text(v: Any) -> Any:
 
 
 def _tests_from_asserts(source: Any, entry_point: str | None = None) -> list[dict[str, Any]]:
-    from sandbox import parse_assert_tests
 
     if isinstance(source, list):
         source = "\n".join(str(s) for s in source)
@@ -97,7 +100,6 @@ def _tests_from_asserts(source: Any, entry_point: str | None = None) -> list[dic
 def _tests_or_program(source: Any, setup: str = "") -> list[dict[str, Any]] | dict[str, Any]:
     """Assert lines as {call, expected} pairs when every one can move to the host (one process per run, the
     comparison on the host); else the whole source as a test program (loops, helpers, `!=`, setup code)."""
-    from sandbox import TestProgram
 
     text = "\n".join(str(s) for s in source) if isinstance(source, list) else str(source)
     try:  # the calls run after the program, whose prefix is the setup: names it defines are there
@@ -115,7 +117,6 @@ def _tests_or_program(source: Any, setup: str = "") -> list[dict[str, Any]] | di
 
 
 def _last_boxed(text: str) -> str | None:
-    from training.rewards.math import _boxed
 
     return _boxed(text)
 
@@ -179,7 +180,6 @@ def _humaneval(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
     # the whole check(candidate), run as written; the prompt is its setup (helpers a check may call)
     tests = {"program": rec.get("test") or "", "entry_point": entry,
              "setup": prompt if isinstance(prompt, str) else ""}
-    from training.rewards.code import tests_problem
 
     problem = tests_problem(tests)
     if problem:
@@ -222,7 +222,6 @@ def docstring_examples(prompt: str, entry_point: str) -> list[dict[str, Any]]:
 
 def _mapped(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    from training.tasksets.schema import COLUMNS
 
     for name in COLUMNS:
         column = spec.fields.get(name, name)

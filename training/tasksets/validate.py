@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from training.rewards import VERIFIERS, get_verifier
 from training.tasksets.schema import COLUMNS, MAX_DIFFICULTY, MIN_DIFFICULTY, Task
 
 REQUIRED = ("id", "domain", "prompt", "verifier")
@@ -190,7 +191,6 @@ def _json_field(value: Any, kind: type | tuple[type, ...], what: str) -> tuple[A
 
 
 def _known_verifiers() -> set[str]:
-    from training.rewards import VERIFIERS
 
     return set(VERIFIERS)
 
@@ -281,7 +281,6 @@ class Validator:
                 bad("metadata", problem)
             else:
                 named += [n for n in meta["reward_weights"] if n != verifier]
-        from training.rewards import get_verifier
 
         taken = {e.field for e in errs}
         for name in named:

@@ -202,3 +202,9 @@ TINY_CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
 )
+
+
+def fitting_tasks(fmt: PromptFormat, tasks: list[Task], limit: int) -> tuple[list[Task], int]:
+    """The tasks whose rendered prompt has at most `limit` tokens, and how many were dropped (never cut)."""
+    kept = [t for t in tasks if len(fmt.prompt_ids(t)) <= limit]
+    return kept, len(tasks) - len(kept)

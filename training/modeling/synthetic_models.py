@@ -1,7 +1,7 @@
 """Real-architecture chat models built from config, with random weights, for tests, benchmarks and GPU checks.
 
     folder = build_chatml_qwen2(Path("/tmp/qwen2-chat"), corpus, hidden_size=96, num_hidden_layers=2)
-    model, tok = training.models.load_model(str(folder))      # exactly as a user's base_model folder
+    model, tok = training.modeling.models.load_model(str(folder))      # exactly as a user's base_model folder
 
 The folder is what a pretrained chat model's folder looks like: a Qwen2 model, a byte-level BPE tokenizer with
 the ChatML template (<|im_start|>role\\n...<|im_end|>\\n), a pad token, and two eos ids in generation_config

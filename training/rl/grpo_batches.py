@@ -21,9 +21,7 @@ padded only to its own longest row; `completion_logprobs` gives log pi(token | p
 Packing is not free: attention under a 4D mask costs every (query, key) pair of the row, masked or not, and a
 packed row is G completions long, so its attention grows with (P + G*L)^2 against G*L*(P+L) padded. When the
 completions of a group are about equally long (long RL completions that all hit the cap), padding wastes
-nothing and packing only adds attention: by the cost model below, 2.0x the update's FLOPs at G=8, L=512 on
-the 30M benchmark model (benchmarks/qwen2.py), 1.3x at L=128; measured on the 5M one at L=128, forward and
-backward of 4x8 completions took 18.5 s packed against 13.1 s padded (best of 2, one thread, a loaded CPU).
+nothing and packing only adds attention, which for long completions can cost more than the padding saved.
 Given the model's cost per attention pair (`attention_pair_cost`), `micro_batches` lays each micro-batch out
 whichever way costs fewer FLOPs (`packing_pays`).
 """
@@ -36,7 +34,8 @@ from typing import Any
 
 import torch
 
-from training import algorithms
+from training.modeling.kv_cache import cache_kwarg, cache_of, select_cache_rows
+from training.rl import algorithms
 from training.rollout import Completion
 from training.rollout.base import Prompt, left_pad, prompt_ids
 
@@ -190,7 +189,6 @@ def completion_logprobs(model: Any, batch: RolloutBatch | PackedGroups, temperat
 def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | None:
     """Logits predicting each completion token, prompts computed once per group. None if the cache layout is
     unknown (then the caller does the plain forward)."""
-    from training.kv_cache import cache_kwarg, cache_of, select_cache_rows
 
     P, G = batch.prompt_len, batch.group_size
     p_ids, p_attn = batch.input_ids[::G, :P], batch.attention_mask[::G, :P]  # (B, P)

@@ -7,7 +7,7 @@
     tok = build_tiny_tokenizer(texts, vocab_size=512)   # byte-level BPE trained on the task corpus
     model = build_tiny_model(TinyModelConfig(), tok)    # GPT-2 style, ~0.4M params at the defaults
 
-The tiny tokenizer has a chat template (training/chat.py, TINY_CHAT_TEMPLATE) and role tokens, so the tiny
+The tiny tokenizer has a chat template (training/modeling/chat.py, TINY_CHAT_TEMPLATE) and role tokens, so the tiny
 profile runs the same chat-rendered code path as a pretrained chat model. Each saved model folder carries the
 chat settings it was trained with (`chat.json`: system prompt and per-domain instructions), attached to the
 loaded tokenizer as `tokenizer.chat_settings`, so every later stage renders prompts the way SFT did.
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from training import storage
-from training.chat import TINY_CHAT_TEMPLATE, TINY_ROLE_TOKENS, ChatSettings
+from training.modeling.chat import TINY_CHAT_TEMPLATE, TINY_ROLE_TOKENS, ChatSettings
 
 log = logging.getLogger(__name__)
 
@@ -190,3 +190,18 @@ def save_checkpoint(model: Any, tokenizer: Any, target: storage.ManifestWriter |
 
 def count_parameters(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def context_limit(model_or_config: Any) -> int | None:
+    """The model's position limit (GPT-2's n_positions, max_position_embeddings elsewhere), from a model or its
+    config; None when it names none."""
+    cfg = getattr(model_or_config, "config", model_or_config)
+    return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+
+
+def prompt_limit(cfg_limit: int, model: Any, max_new_tokens: int) -> int:
+    """max_prompt_tokens, or the model's context minus the completion budget when 0."""
+    if cfg_limit:
+        return cfg_limit
+    context = context_limit(model)
+    return max(1, int(context) - max_new_tokens) if context else 1 << 30

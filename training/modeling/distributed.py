@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from training import storage
 from training.config import ConfigBase
 
 T = TypeVar("T")
@@ -392,7 +393,6 @@ class DiscardingWriter:
     """A ManifestWriter stand-in for ranks other than 0: same methods, nothing written (rank 0 writes)."""
 
     def __init__(self, uri: str) -> None:
-        from training import storage
 
         self.uri = storage.locate(uri).uri
         self.files: dict[str, Any] = {}
