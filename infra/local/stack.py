@@ -60,7 +60,7 @@ EXECUTORS = ("local", "celery")
 # What the CeleryExecutor needs besides Airflow, started before it (and stopped after it).
 CELERY_BACKENDS = ("postgres", "redis")
 # The queue names, read from the same variables with the same defaults as operators/queues.py (this file
-# imports nothing from the project; tests/foundation/test_queues.py checks the two agree).
+# imports nothing from the project; tests/operators/test_queues.py checks the two agree).
 QUEUE_ENV = {"gpu": "POSTTRAIN_QUEUE_GPU", "cpu": "POSTTRAIN_QUEUE_CPU", "sandbox": "POSTTRAIN_QUEUE_SANDBOX"}
 WORKER_PREFIX = "celery-worker-"
 BUCKETS = ("posttrain", "mlflow")

@@ -30,7 +30,7 @@ def pipeline_run(airflow_db, local_stack):
         dr = dag.test(run_conf={"run_root": run_root, "rounds": 2, "stage_overrides": {
             # The tiny profile with a shorter SFT, shorter rounds and a smaller evaluation: this test checks
             # the product's path (stages, retry, resume, tracking, gate, promotion); how much RL lifts the tiny
-            # model is tests/training/test_tiny_pipeline.py's job. 250 SFT steps (the profile's 450 cost ~2x
+            # model is tests/training/stages/test_tiny_pipeline.py's job. 250 SFT steps (the profile's 450 cost ~2x
             # the time) still leave a champion good enough that the damaged planted one regresses credibly.
             "sft": {"max_steps": 250},
             "rl_round": {"steps": 30, "checkpoint_every": 15},

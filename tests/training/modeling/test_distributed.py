@@ -20,7 +20,7 @@ import pytest
 from training import stage, storage
 from training.modeling import distributed
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LOSS_TOLERANCE = 1e-4
 
 

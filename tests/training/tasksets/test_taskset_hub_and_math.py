@@ -13,7 +13,7 @@ from training.tasksets.loaders import load_source, source_label
 from training.tasksets.sources import SourceSpec
 from training.tasksets.validate import validate_rows
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MATH = [
     {"problem": "What is $\\sin 60^\\circ$?", "level": "Level 2", "type": "Precalculus",
      "solution": "From the unit circle, $\\sin 60^\\circ = \\boxed{\\frac{\\sqrt{3}}{2}}$."},

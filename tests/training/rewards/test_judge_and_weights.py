@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.rewards.judge_server import JudgeServer
+from tests.training.rewards.judge_server import JudgeServer
 from training.rewards import VERIFIERS, Scores, score_tasks
 from training.rewards.judge import JudgeConfig, JudgeUnavailable, JudgeVerifier, parse_score
 from training.tasksets.schema import Task

@@ -20,7 +20,7 @@ from sandbox.client import RemoteSandbox
 from training.rewards import code as code_mod, score_tasks
 from training.tasksets.schema import Task
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TESTS = [{"call": "add(2, 3)", "expected": 5}, {"call": "add(-1, 1)", "expected": 0}]
 TASK = Task("add", "code", "write add", "code", tests=TESTS)
 COMPLETIONS = [

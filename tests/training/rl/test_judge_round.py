@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.rewards.judge_server import JudgeServer
+from tests.training.rewards.judge_server import JudgeServer
 from training import stage
 from training.config import from_dict
 from training.profiles import TINY

@@ -22,7 +22,7 @@ from training.rl.round import Round, derive_seed
 from training.stages.rl_round import run_round
 from training.stages.sft import SFTConfig, train as sft_train
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = models.TinyModelConfig(n_layer=1, n_embd=32, n_head=2)
 
 

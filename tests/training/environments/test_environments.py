@@ -381,7 +381,7 @@ def test_round_logs_sample_episodes_to_mlflow(sft_run) -> None:  # noqa: F811 - 
     assert {"turns", "tool_outputs", "reward", "answers"} <= set(table.columns)
 
 
-from tests.training.test_grpo import sft_run  # noqa: E402, F401 - the SFT stage fixture
+from tests.training.rl.test_grpo import sft_run  # noqa: E402, F401 - the SFT stage fixture
 
 
 def test_a_round_with_planted_first_answers_trains_the_repair_turn_only(monkeypatch) -> None:
