@@ -9,7 +9,7 @@ S3RVER := infra/local/s3rver
 S3RVER_STAMP := $(S3RVER)/node_modules/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install lint test test-fast test-browser demo up down status bench gpu-check clean
+.PHONY: install lint format test test-fast test-browser demo up down status bench gpu-check clean
 
 install: $(STAMP) $(S3RVER_STAMP)
 
@@ -26,10 +26,16 @@ $(S3RVER_STAMP): $(S3RVER)/package.json $(S3RVER)/package-lock.json
 	npm ci --prefix $(S3RVER) --no-audit --no-fund --loglevel=error
 	@touch $@
 
-# The linter and the type checker run first: a red lint fails `make test` like a failing test.
+# The linter, the formatter's check and the type checker run first: a red lint fails `make test` like a failing
+# test. `make format` rewrites the tree the way the check (and .pre-commit-config.yaml) wants it.
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # pytest exits 5 when it collects nothing; make propagates every non-zero exit, so that fails too.
 test: lint
