@@ -6,5 +6,6 @@
     metrics.py     pass@k estimators
     candidates.py  which models are compared (candidate, SFT baseline, champion) and the RL rounds' history
     plots.py       the report's plots;  report.py: report.md and report.html
-    gate_rules.py  GateConfig and the gate's pure rules over counts (intervals, regression, reward hacking)
+    gate_rules.py  GateConfig and the gate's pure rules over counts (regression, reward hacking, floors)
+gate_stats.py  the statistics the rules use (Wilson and Newcombe intervals, non-inferiority test, Holm)
 """

@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from training.evaluation.gate_rules import (
-    Counts,
-    GateConfig,
-    decide,
-    diff_interval,
-    holm,
-    noninferiority_p,
-    wilson_interval,
-)
+from training.evaluation.gate_rules import Counts, GateConfig, decide
+from training.evaluation.gate_stats import diff_interval, holm, noninferiority_p, wilson_interval
 
 
 def test_wilson_hand_computed() -> None:
