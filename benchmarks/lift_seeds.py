@@ -43,8 +43,11 @@ def run_seed(seed: int, overrides: dict[str, dict], root: Path) -> dict[str, dic
         stage.run_stage("sft", from_dict(SFTConfig, cfg["sft"]), run, train)
         r1 = stage.run_stage("rl_round_1", from_dict(GRPOConfig, cfg["rl_round"]), run, lambda c: run_round(c, 1))
         r2 = stage.run_stage("rl_round_2", from_dict(GRPOConfig, cfg["rl_round"]), run, lambda c: run_round(c, 2))
-    return {"sft": r1.summary["holdout_before"], "round1": r1.summary["holdout_after"],
-            "round2": r2.summary["holdout_after"]}
+    return {
+        "sft": r1.summary["holdout_before"],
+        "round1": r1.summary["holdout_after"],
+        "round2": r2.summary["holdout_after"],
+    }
 
 
 def parse_overrides(pairs: list[str], stages: tuple[str, ...] = ("taskset", "sft", "rl_round")) -> dict[str, dict]:
@@ -65,8 +68,13 @@ def parse_overrides(pairs: list[str], stages: tuple[str, ...] = ("taskset", "sft
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--set", action="append", default=[], metavar="STAGE.FIELD=VALUE",
-                        help="override a TINY preset field, e.g. rl_round.steps=150 (JSON values)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="STAGE.FIELD=VALUE",
+        help="override a TINY preset field, e.g. rl_round.steps=150 (JSON values)",
+    )
     parser.add_argument("--keep", type=Path, help="keep the runs (file:// stages, MLflow SQLite) in this folder")
     args = parser.parse_args()
     overrides = parse_overrides(args.set)
@@ -97,8 +105,11 @@ def main() -> int:
             ok = len(lifted) >= 2 and lifts[worst] >= -0.01  # the bar tests/training/test_tiny_pipeline.py sets
             passed += ok
             cells = "  ".join(f"{d} {h['sft'][d]:.3f}->{h['round2'][d]:.3f} ({x:+.3f})" for d, x in lifts.items())
-            print(f"{seed:>4}  {cells}  |  {len(lifted)}, {worst} {lifts[worst]:+.3f}"
-                  f"{'' if ok else ' (below the bar)'}  {time.perf_counter() - t0:.0f}s", flush=True)
+            print(
+                f"{seed:>4}  {cells}  |  {len(lifted)}, {worst} {lifts[worst]:+.3f}"
+                f"{'' if ok else ' (below the bar)'}  {time.perf_counter() - t0:.0f}s",
+                flush=True,
+            )
     print(f"{passed}/{len(args.seeds)} seeds meet the bar (>= 2 domains up 10 points, none down more than 1)")
     return 0
 

@@ -130,8 +130,14 @@ def configs(seed: int, overrides: dict[str, dict]) -> dict[str, dict[str, Any]]:
     from training.profiles import TINY
 
     code_levels = TINY["taskset"]["domain_difficulties"]["code"]
-    taskset = {"seed": seed, "counts": {"code": TINY["taskset"]["counts"]["code"]}, "mix": {"code": 1.0},
-               "difficulties": code_levels, "mix_tolerance": 0.1, **overrides.get("taskset", {})}
+    taskset = {
+        "seed": seed,
+        "counts": {"code": TINY["taskset"]["counts"]["code"]},
+        "mix": {"code": 1.0},
+        "difficulties": code_levels,
+        "mix_tolerance": 0.1,
+        **overrides.get("taskset", {}),
+    }
     sft = {"seed": seed, **TINY["sft"], **SFT, **overrides.get("sft", {})}
     rl = {"seed": seed, **TINY["rl_round"], **RL, **MULTI, **overrides.get("rl_round", {})}
     return {"taskset": taskset, "sft": sft, "rl_round": rl}
@@ -162,12 +168,15 @@ def measure(run: str, stage_name: str, holdout: list, max_new_tokens: int) -> di
         counts = by_level.setdefault(holdout[i].difficulty, [0, 0])
         counts[0] += int(w[0])
         counts[1] += 1
-    return {"first": report["first_attempt"]["passed"] / total, "within2": report["pass_within"]["2"]["passed"] / total,
-            "total": total, "first_by_level": dict(sorted(by_level.items()))}
+    return {
+        "first": report["first_attempt"]["passed"] / total,
+        "within2": report["pass_within"]["2"]["passed"] / total,
+        "total": total,
+        "first_by_level": dict(sorted(by_level.items())),
+    }
 
 
-def run_seed(seed: int, overrides: dict[str, dict], root: Path,
-             own_tracking: bool = True) -> dict[str, dict[str, Any]]:
+def run_seed(seed: int, overrides: dict[str, dict], root: Path, own_tracking: bool = True) -> dict[str, dict[str, Any]]:
     """The three models' figures for one seed, runs under `root`; `own_tracking`: a SQLite MLflow store there
     (a test passes False and brings its own)."""
     from training import stage, storage
@@ -196,20 +205,26 @@ def run_seed(seed: int, overrides: dict[str, dict], root: Path,
             rl = from_dict(GRPOConfig, {**cfg["rl_round"], "max_turns": turns, **multi_only})
             stage.run_stage("rl_round_1", rl, f"file://{folder}", lambda c: run_round(c, 1))
     holdout_file = root / f"holdout-{seed}.parquet"
-    storage.fetch(storage.require_manifest(storage.join(f"file://{base}", "taskset")), "holdout.parquet",
-                  holdout_file)
+    storage.fetch(storage.require_manifest(storage.join(f"file://{base}", "taskset")), "holdout.parquet", holdout_file)
     holdout = [t for t in load_tasks(holdout_file) if t.domain == "code"]
     max_new = int(cfg["rl_round"].get("max_new_tokens", GRPOConfig.max_new_tokens))
-    return {"sft": measure(f"file://{base}", "sft", holdout, max_new),
-            "single": measure(f"file://{base}", "rl_round_1", holdout, max_new),
-            "multi": measure(f"file://{multi}", "rl_round_1", holdout, max_new)}
+    return {
+        "sft": measure(f"file://{base}", "sft", holdout, max_new),
+        "single": measure(f"file://{base}", "rl_round_1", holdout, max_new),
+        "multi": measure(f"file://{multi}", "rl_round_1", holdout, max_new),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--set", action="append", default=[], metavar="STAGE.FIELD=VALUE",
-                        help="override a field, e.g. rl_round.steps=40 (JSON values)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="STAGE.FIELD=VALUE",
+        help="override a field, e.g. rl_round.steps=40 (JSON values)",
+    )
     parser.add_argument("--keep", type=Path, help="keep the runs in this folder")
     args = parser.parse_args()
     overrides = parse_overrides(args.set)
@@ -224,8 +239,10 @@ def main() -> int:
     for name in ("mlflow", "alembic", "posttrain", "training"):
         logging.getLogger(name).setLevel(logging.ERROR)
     print(f"tiny profile, code only, seeds {args.seeds}, overrides {overrides or 'none'}")
-    print(f"{'seed':>4}  first-attempt pass@1 / self-repair@2 (pass within 2 turns), code holdout:"
-          f"  SFT | single-turn RL | multi-turn RL  |  repair@2 gain, pass@1 change  time")
+    print(
+        f"{'seed':>4}  first-attempt pass@1 / self-repair@2 (pass within 2 turns), code holdout:"
+        f"  SFT | single-turn RL | multi-turn RL  |  repair@2 gain, pass@1 change  time"
+    )
     gains, changes = [], []
     with tempfile.TemporaryDirectory(prefix="posttrain-multiturn-") as tmp:
         root = args.keep or Path(tmp)
@@ -238,16 +255,23 @@ def main() -> int:
             gains.append(gain)
             changes.append(change)
             cells = " | ".join(f"{r[k]['first']:.3f} / {r[k]['within2']:.3f}" for k in ("sft", "single", "multi"))
-            print(f"{seed:>4}  {cells}  (n={r['sft']['total']})  |  {gain:+.3f}, {change:+.3f}"
-                  f"  {time.perf_counter() - t0:.0f}s", flush=True)
+            print(
+                f"{seed:>4}  {cells}  (n={r['sft']['total']})  |  {gain:+.3f}, {change:+.3f}"
+                f"  {time.perf_counter() - t0:.0f}s",
+                flush=True,
+            )
             # level 5's prompts have two readings and the task's is a coin flip: no first attempt beats chance
-            levels = "; ".join(f"{k}: " + ", ".join(f"L{lv} {p}/{n}" for lv, (p, n) in r[k]["first_by_level"].items())
-                               for k in ("sft", "single", "multi"))
+            levels = "; ".join(
+                f"{k}: " + ", ".join(f"L{lv} {p}/{n}" for lv, (p, n) in r[k]["first_by_level"].items())
+                for k in ("sft", "single", "multi")
+            )
             print(f"      first attempts by code level: {levels}", flush=True)
     mean_gain, mean_change = sum(gains) / len(gains), sum(changes) / len(changes)
-    print(f"mean: self-repair@2 gain {mean_gain:+.3f}, first-attempt pass@1 change {mean_change:+.3f}; goal: gain >= "
-          f"+0.100 and change >= 0: {'met' if mean_gain >= 0.10 and mean_change >= 0 else 'NOT met'} "
-          f"({sum(g >= 0.10 and c >= 0 for g, c in zip(gains, changes))}/{len(gains)} seeds meet both)")
+    print(
+        f"mean: self-repair@2 gain {mean_gain:+.3f}, first-attempt pass@1 change {mean_change:+.3f}; goal: gain >= "
+        f"+0.100 and change >= 0: {'met' if mean_gain >= 0.10 and mean_change >= 0 else 'NOT met'} "
+        f"({sum(g >= 0.10 and c >= 0 for g, c in zip(gains, changes))}/{len(gains)} seeds meet both)"
+    )
     return 0
 
 

@@ -45,10 +45,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Qwen2 shapes (GQA as Qwen2.5 has it: 2 key/value heads); the parameter counts are printed.
 SIZES: dict[str, dict[str, int]] = {
-    "5m": dict(vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=4,
-               num_key_value_heads=2),
-    "30m": dict(vocab_size=2048, hidden_size=512, intermediate_size=1536, num_hidden_layers=10,
-                num_attention_heads=8, num_key_value_heads=2),
+    "5m": dict(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+    "30m": dict(
+        vocab_size=2048,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=10,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+    ),
 }
 # prompts per step x samples per prompt, and timed steps, per size: 2 CPU cores take ~1 min per 30M/512 step
 BATCH = {"5m": (4, 8), "30m": (2, 8)}
@@ -59,8 +71,11 @@ RESULT = "RESULT "
 def tasks(seed: int = 0) -> list[Any]:
     from training.tasksets.generators import generate
 
-    return (generate("math", 600, seed, (1, 2)) + generate("code", 150, seed, (1, 2))
-            + generate("extraction", 150, seed, (1, 2)))
+    return (
+        generate("math", 600, seed, (1, 2))
+        + generate("code", 150, seed, (1, 2))
+        + generate("extraction", 150, seed, (1, 2))
+    )
 
 
 def build_models(root: Path, sizes: list[str], max_len: int) -> dict[str, Path]:
@@ -104,9 +119,20 @@ def grpo_ours(a: argparse.Namespace) -> dict[str, Any]:
     model, tok = models.load_model(a.folder)
     dev = torch.device(a.device)
     # rollout_engine "auto": the transformers engine on a CPU, vLLM on a GPU where it is installed
-    cfg = GRPOConfig(prompts_per_step=a.prompts, samples_per_prompt=a.k, max_new_tokens=a.length, temperature=1.0,
-                     beta=a.beta, lr=1e-6, dynamic_sampling=False, curriculum=False, warmup_steps=0,
-                     device=a.device, seed=a.seed, checkpoint_every=0)
+    cfg = GRPOConfig(
+        prompts_per_step=a.prompts,
+        samples_per_prompt=a.k,
+        max_new_tokens=a.length,
+        temperature=1.0,
+        beta=a.beta,
+        lr=1e-6,
+        dynamic_sampling=False,
+        curriculum=False,
+        warmup_steps=0,
+        device=a.device,
+        seed=a.seed,
+        checkpoint_every=0,
+    )
     ref = copy.deepcopy(model).eval().requires_grad_(False).to(dev)
     rnd = Round.build(cfg, 1, model.to(dev).train(), tok, ref, tasks(a.seed), dev)
     tokens = [0]
@@ -125,8 +151,13 @@ def grpo_ours(a: argparse.Namespace) -> dict[str, Any]:
         rnd.step(s)
         phases.append(dict(rnd.timer.seconds))
     elapsed = time.perf_counter() - t0
-    return {"samples_s": (rnd.samples_seen - seen0) / elapsed, "tokens_s": tokens[0] / elapsed,
-            "phases": merge(phases), "params": models.count_parameters(model), **gpu_peak(a)}
+    return {
+        "samples_s": (rnd.samples_seen - seen0) / elapsed,
+        "tokens_s": tokens[0] / elapsed,
+        "phases": merge(phases),
+        "params": models.count_parameters(model),
+        **gpu_peak(a),
+    }
 
 
 def grpo_trl(a: argparse.Namespace) -> dict[str, Any]:
@@ -160,24 +191,51 @@ def grpo_trl(a: argparse.Namespace) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as out:
         config = TRLConfig(
-            output_dir=out, per_device_train_batch_size=a.prompts * a.k, num_generations=a.k,
-            gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
-            max_completion_length=a.length, temperature=1.0, top_p=1.0, top_k=0, beta=a.beta,
-            learning_rate=1e-6, max_steps=a.steps + 1, use_vllm=False, use_cpu=a.device == "cpu", bf16=False,
-            report_to="none", save_strategy="no", logging_steps=1, seed=a.seed,
-            dataloader_num_workers=0, disable_tqdm=True, log_completions=False,
+            output_dir=out,
+            per_device_train_batch_size=a.prompts * a.k,
+            num_generations=a.k,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            num_iterations=1,
+            max_completion_length=a.length,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            beta=a.beta,
+            learning_rate=1e-6,
+            max_steps=a.steps + 1,
+            use_vllm=False,
+            use_cpu=a.device == "cpu",
+            bf16=False,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1,
+            seed=a.seed,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            log_completions=False,
         )
-        trainer = GRPOTrainer(model=a.folder, reward_funcs=reward, args=config, train_dataset=data,
-                              processing_class=tok, callbacks=[Clock()])
+        trainer = GRPOTrainer(
+            model=a.folder,
+            reward_funcs=reward,
+            args=config,
+            train_dataset=data,
+            processing_class=tok,
+            callbacks=[Clock()],
+        )
         trainer.remove_callback(PrinterCallback)
         trainer.train()
-        lengths = [h["completions/mean_length"] for h in trainer.state.log_history
-                   if "completions/mean_length" in h][1:]
+        lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h][
+            1:
+        ]
     elapsed = stamps[-1] - stamps[0]
     timed = len(stamps) - 1  # step 1 is the warm-up
     mean_len = sum(lengths) / max(1, len(lengths))
-    return {"samples_s": timed * a.prompts * a.k / elapsed, "tokens_s": timed * a.prompts * a.k * mean_len / elapsed,
-            **gpu_peak(a)}
+    return {
+        "samples_s": timed * a.prompts * a.k / elapsed,
+        "tokens_s": timed * a.prompts * a.k * mean_len / elapsed,
+        **gpu_peak(a),
+    }
 
 
 def rollout_pair(a: argparse.Namespace) -> dict[str, Any]:
@@ -193,7 +251,7 @@ def rollout_pair(a: argparse.Namespace) -> dict[str, Any]:
     fmt = PromptFormat(tok, getattr(tok, "chat_settings", None), model.generation_config)
     engine = HFRolloutEngine(model, tok, batch_size=a.prompts * a.k, stop_ids=fmt.stop_ids)
     prompts = [fmt.prompt_ids(t) for t in rendered_prompts(fmt, tasks(a.seed), a.prompts * (a.steps + 1), a.seed)]
-    batches = [prompts[i * a.prompts:(i + 1) * a.prompts] for i in range(a.steps + 1)]
+    batches = [prompts[i * a.prompts : (i + 1) * a.prompts] for i in range(a.steps + 1)]
     stops = set(fmt.stop_ids)
 
     def ours(batch: list[list[int]], seed: int) -> int:
@@ -205,11 +263,20 @@ def rollout_pair(a: argparse.Namespace) -> dict[str, Any]:
         torch.manual_seed(seed)
         ids, attn = left_pad(batch, tok.pad_token_id)
         ids, attn = ids.to(a.device), attn.to(a.device)
-        out = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_p=1.0,
-                             top_k=0, num_return_sequences=a.k, max_new_tokens=a.length,
-                             eos_token_id=fmt.stop_ids, pad_token_id=tok.pad_token_id)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=attn,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            num_return_sequences=a.k,
+            max_new_tokens=a.length,
+            eos_token_id=fmt.stop_ids,
+            pad_token_id=tok.pad_token_id,
+        )
         n = 0
-        for row in out[:, ids.shape[1]:].tolist():  # tokens up to and including the first stop id
+        for row in out[:, ids.shape[1] :].tolist():  # tokens up to and including the first stop id
             n += next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
         return n
 
@@ -229,8 +296,9 @@ def sft_examples(a: argparse.Namespace, tok: Any) -> list[Any]:
     from training.stages.sft import encode_examples
 
     # examples up to the row length; several examples fill a packed row (they are ~60-200 tokens each)
-    examples, _ = encode_examples(PromptFormat(tok, getattr(tok, "chat_settings", None)),
-                                  [t for t in tasks(a.seed) if t.reference], a.length, 1.0)
+    examples, _ = encode_examples(
+        PromptFormat(tok, getattr(tok, "chat_settings", None)), [t for t in tasks(a.seed) if t.reference], a.length, 1.0
+    )
     return examples
 
 
@@ -249,9 +317,10 @@ def sft_ours(a: argparse.Namespace) -> dict[str, Any]:
     for step in range(a.steps + 1):
         if step == 1:  # step 0 is the warm-up
             t0 = time.perf_counter()
-        batch = collate(rows[step * a.batch:(step + 1) * a.batch], a.length, tok.pad_token_id)
-        batch = Batch(*(x.to(a.device) for x in (batch.input_ids, batch.loss_mask, batch.position_ids,
-                                                 batch.attention_mask)))
+        batch = collate(rows[step * a.batch : (step + 1) * a.batch], a.length, tok.pad_token_id)
+        batch = Batch(
+            *(x.to(a.device) for x in (batch.input_ids, batch.loss_mask, batch.position_ids, batch.attention_mask))
+        )
         loss, _ = response_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -260,7 +329,7 @@ def sft_ours(a: argparse.Namespace) -> dict[str, Any]:
         if step == 0 and a.device != "cpu":
             torch.cuda.synchronize()  # the warm-up's kernels finish before the clock starts
         if step:
-            tokens += sum(len(e.input_ids) for row in rows[step * a.batch:(step + 1) * a.batch] for e in row)
+            tokens += sum(len(e.input_ids) for row in rows[step * a.batch : (step + 1) * a.batch] for e in row)
     if a.device != "cpu":
         torch.cuda.synchronize()
     return {"tokens_s": tokens / (time.perf_counter() - t0), **gpu_peak(a)}
@@ -276,8 +345,9 @@ def sft_trl(a: argparse.Namespace) -> dict[str, Any]:
     _, tok = models.load_model(a.folder)
     examples = sft_examples(a, tok)
     # already tokenised: TRL trains the very ids ours does, loss on the answer (completion_mask) only
-    data = Dataset.from_dict({"input_ids": [e.input_ids for e in examples],
-                              "completion_mask": [e.loss_mask for e in examples]})
+    data = Dataset.from_dict(
+        {"input_ids": [e.input_ids for e in examples], "completion_mask": [e.loss_mask for e in examples]}
+    )
     stamps: list[tuple[float, int]] = []
 
     class Clock(TrainerCallback):
@@ -286,14 +356,28 @@ def sft_trl(a: argparse.Namespace) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as out:
         config = TRLConfig(
-            output_dir=out, per_device_train_batch_size=a.batch, gradient_accumulation_steps=1, packing=True,
-            max_length=a.length, completion_only_loss=True, learning_rate=1e-5, max_steps=a.steps + 1,
-            use_cpu=a.device == "cpu", bf16=False, report_to="none", save_strategy="no", logging_steps=1000,
-            seed=a.seed, dataloader_num_workers=0, disable_tqdm=True, include_num_input_tokens_seen="non_padding",
-            max_grad_norm=1.0, weight_decay=0.01, adam_beta2=0.95,
+            output_dir=out,
+            per_device_train_batch_size=a.batch,
+            gradient_accumulation_steps=1,
+            packing=True,
+            max_length=a.length,
+            completion_only_loss=True,
+            learning_rate=1e-5,
+            max_steps=a.steps + 1,
+            use_cpu=a.device == "cpu",
+            bf16=False,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1000,
+            seed=a.seed,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            include_num_input_tokens_seen="non_padding",
+            max_grad_norm=1.0,
+            weight_decay=0.01,
+            adam_beta2=0.95,
         )
-        trainer = SFTTrainer(model=a.folder, args=config, train_dataset=data, processing_class=tok,
-                             callbacks=[Clock()])
+        trainer = SFTTrainer(model=a.folder, args=config, train_dataset=data, processing_class=tok, callbacks=[Clock()])
         trainer.remove_callback(PrinterCallback)
         trainer.train()
     (t0, n0), (t1, n1) = stamps[0], stamps[-1]
@@ -310,8 +394,13 @@ def gpu_peak(a: argparse.Namespace) -> dict[str, float]:
     return {"gpu_peak_mib": torch.cuda.max_memory_allocated() / 2**20}
 
 
-WORKERS = {"grpo-ours": grpo_ours, "grpo-trl": grpo_trl, "rollout": rollout_pair, "sft-ours": sft_ours,
-           "sft-trl": sft_trl}
+WORKERS = {
+    "grpo-ours": grpo_ours,
+    "grpo-trl": grpo_trl,
+    "rollout": rollout_pair,
+    "sft-ours": sft_ours,
+    "sft-trl": sft_trl,
+}
 
 
 def worker(a: argparse.Namespace) -> int:
@@ -328,10 +417,18 @@ def worker(a: argparse.Namespace) -> int:
 # ----- the driver ----------------------------------------------------------------------------------------------
 def spawn(name: str, folder: Path, length: int, a: argparse.Namespace, **extra: Any) -> tuple[dict[str, Any], float]:
     """Run one worker in a fresh process; (its result, its peak RSS in MiB)."""
-    opts = {"folder": str(folder), "length": length, "seed": a.seed, "beta": a.beta, "threads": a.threads,
-            "device": a.device, **extra}
-    cmd = [sys.executable, __file__, "--worker", name] + [x for k, v in opts.items()
-                                                          for x in (f"--{k.replace('_', '-')}", str(v))]
+    opts = {
+        "folder": str(folder),
+        "length": length,
+        "seed": a.seed,
+        "beta": a.beta,
+        "threads": a.threads,
+        "device": a.device,
+        **extra,
+    }
+    cmd = [sys.executable, __file__, "--worker", name] + [
+        x for k, v in opts.items() for x in (f"--{k.replace('_', '-')}", str(v))
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     out = proc.stdout.read() if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage: its peak RSS
@@ -339,7 +436,7 @@ def spawn(name: str, folder: Path, length: int, a: argparse.Namespace, **extra: 
     if proc.returncode:
         raise RuntimeError(f"{name} ({folder.name}, {length}) failed with exit {proc.returncode}:\n{out[-3000:]}")
     line = next(x for x in out.splitlines() if x.startswith(RESULT))
-    return json.loads(line[len(RESULT):]), usage.ru_maxrss / 1024  # KiB on Linux
+    return json.loads(line[len(RESULT) :]), usage.ru_maxrss / 1024  # KiB on Linux
 
 
 def gpu_note(runs: list[tuple[dict[str, Any], float]]) -> str:
@@ -366,12 +463,16 @@ def bench_grpo(size: str, folder: Path, length: int, a: argparse.Namespace) -> f
         runs["trl"].append(spawn("grpo-trl", folder, length, a, prompts=prompts, k=k, steps=steps))
     best = {s: max(runs[s], key=lambda r: r[0]["samples_s"]) for s in runs}
     ratio = best["ours"][0]["samples_s"] / best["trl"][0]["samples_s"]
-    print(f"  grpo  {prompts}x{k} samples/step, {steps} timed steps, beta {a.beta}; samples/s each run: ours "
-          f"{each([r[0]['samples_s'] for r in runs['ours']])} | TRL {each([r[0]['samples_s'] for r in runs['trl']])}")
+    print(
+        f"  grpo  {prompts}x{k} samples/step, {steps} timed steps, beta {a.beta}; samples/s each run: ours "
+        f"{each([r[0]['samples_s'] for r in runs['ours']])} | TRL {each([r[0]['samples_s'] for r in runs['trl']])}"
+    )
     for side, label in (("ours", "ours (Round.step)      "), ("trl", "TRL GRPOTrainer        ")):
         res, rss = best[side]
-        print(f"    {label} {res['samples_s']:7.2f} samples/s  {res['tokens_s']:8.0f} tokens/s  "
-              f"peak RSS {max(r for _, r in runs[side]):6.0f} MiB{gpu_note(runs[side])}")
+        print(
+            f"    {label} {res['samples_s']:7.2f} samples/s  {res['tokens_s']:8.0f} tokens/s  "
+            f"peak RSS {max(r for _, r in runs[side]):6.0f} MiB{gpu_note(runs[side])}"
+        )
     print(f"    ours, where a step goes: {format_breakdown(best['ours'][0]['phases'])}")
     print(f"    ratio grpo ours/TRL: {ratio:.2f}x ({verdict(ratio, 'grpo')})")
     return ratio
@@ -382,8 +483,10 @@ def bench_rollout(size: str, folder: Path, length: int, a: argparse.Namespace) -
     steps = a.steps or 2
     runs, _ = spawn("rollout", folder, length, a, prompts=prompts, k=k, steps=steps, repeats=a.repeats)
     ours, gen = max(runs["ours"]), max(runs["generate"])
-    print(f"  rollout {prompts} prompts x {k} samples, {steps} timed batches; tokens/s each run: ours "
-          f"{each(runs['ours'])} | generate {each(runs['generate'])}")
+    print(
+        f"  rollout {prompts} prompts x {k} samples, {steps} timed batches; tokens/s each run: ours "
+        f"{each(runs['ours'])} | generate {each(runs['generate'])}"
+    )
     print(f"    ours (HFRolloutEngine) {ours:8.0f} tokens/s   model.generate {gen:8.0f} tokens/s")
     print(f"    ratio rollout ours/generate: {ours / gen:.2f}x ({verdict(ours / gen, 'rollout')})")
     return ours / gen
@@ -397,11 +500,15 @@ def bench_sft(size: str, folder: Path, length: int, a: argparse.Namespace) -> fl
         runs["ours"].append(spawn("sft-ours", folder, length, a, batch=batch, steps=steps))
         runs["trl"].append(spawn("sft-trl", folder, length, a, batch=batch, steps=steps))
     ours, trl = (max(r[0]["tokens_s"] for r in runs[s]) for s in ("ours", "trl"))
-    print(f"  sft   {batch} packed rows of {length} per step, {steps} timed steps; tokens/s each run: ours "
-          f"{each([r[0]['tokens_s'] for r in runs['ours']])} | TRL {each([r[0]['tokens_s'] for r in runs['trl']])}")
-    print(f"    ours (sft stage step)  {ours:8.0f} tokens/s  peak RSS {max(r for _, r in runs['ours']):6.0f} MiB"
-          f"{gpu_note(runs['ours'])}   TRL SFTTrainer (packing) {trl:8.0f} tokens/s  peak RSS "
-          f"{max(r for _, r in runs['trl']):6.0f} MiB{gpu_note(runs['trl'])}")
+    print(
+        f"  sft   {batch} packed rows of {length} per step, {steps} timed steps; tokens/s each run: ours "
+        f"{each([r[0]['tokens_s'] for r in runs['ours']])} | TRL {each([r[0]['tokens_s'] for r in runs['trl']])}"
+    )
+    print(
+        f"    ours (sft stage step)  {ours:8.0f} tokens/s  peak RSS {max(r for _, r in runs['ours']):6.0f} MiB"
+        f"{gpu_note(runs['ours'])}   TRL SFTTrainer (packing) {trl:8.0f} tokens/s  peak RSS "
+        f"{max(r for _, r in runs['trl']):6.0f} MiB{gpu_note(runs['trl'])}"
+    )
     print(f"    ratio sft ours/TRL: {ours / trl:.2f}x ({verdict(ours / trl, 'sft')})")
     return ours / trl
 
@@ -444,9 +551,11 @@ def main() -> int:
     import trl
 
     where = torch.cuda.get_device_name(0) if a.device == "cuda" else "CPU"
-    print(f"Qwen2 random-weight models, {where}, torch threads {a.threads or torch.get_num_threads()} per side, "
-          f"{os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f}), TRL {trl.__version__}, "
-          f"best of {a.repeats} interleaved runs")
+    print(
+        f"Qwen2 random-weight models, {where}, torch threads {a.threads or torch.get_num_threads()} per side, "
+        f"{os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f}), TRL {trl.__version__}, "
+        f"best of {a.repeats} interleaved runs"
+    )
     ratios: dict[tuple[str, str, int], float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-qwen2-") as root:
         folders = build_models(Path(root), sizes, max(lengths) + 512)
@@ -454,11 +563,15 @@ def main() -> int:
             from transformers import AutoConfig
 
             c = AutoConfig.from_pretrained(folders[size])
-            n = (c.vocab_size * c.hidden_size + c.num_hidden_layers * (
-                2 * c.hidden_size * c.hidden_size + 2 * c.hidden_size * c.hidden_size * c.num_key_value_heads
-                // c.num_attention_heads + 3 * c.hidden_size * c.intermediate_size))
-            print(f"== {size}: ~{n / 1e6:.1f}M parameters (hidden {c.hidden_size}, {c.num_hidden_layers} layers, "
-                  f"vocab {c.vocab_size}, tied embeddings)")
+            n = c.vocab_size * c.hidden_size + c.num_hidden_layers * (
+                2 * c.hidden_size * c.hidden_size
+                + 2 * c.hidden_size * c.hidden_size * c.num_key_value_heads // c.num_attention_heads
+                + 3 * c.hidden_size * c.intermediate_size
+            )
+            print(
+                f"== {size}: ~{n / 1e6:.1f}M parameters (hidden {c.hidden_size}, {c.num_hidden_layers} layers, "
+                f"vocab {c.vocab_size}, tied embeddings)"
+            )
             for length in lengths:
                 print(f" -- completion length {length}")
                 for part in parts:

@@ -45,11 +45,14 @@ def tiny_policy(tasks, sft_steps: int, seed: int):
     torch.manual_seed(seed)
     model = models.build_tiny_model(cfg.tiny, tok)
     opt = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay)
-    rows = pack([tokenize_example(tok, t.prompt, t.reference, cfg.max_seq_len) for t in tasks], cfg.max_seq_len,
-                tok.pad_token_id)
+    rows = pack(
+        [tokenize_example(tok, t.prompt, t.reference, cfg.max_seq_len) for t in tasks],
+        cfg.max_seq_len,
+        tok.pad_token_id,
+    )
     for step in range(sft_steps):
         k = (step * cfg.batch_size) % max(1, len(rows) - cfg.batch_size)
-        loss, _ = response_loss(model, collate(rows[k:k + cfg.batch_size], cfg.max_seq_len, tok.pad_token_id))
+        loss, _ = response_loss(model, collate(rows[k : k + cfg.batch_size], cfg.max_seq_len, tok.pad_token_id))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -62,9 +65,19 @@ def bench_ours(model, tok, tasks, args, dynamic_sampling: bool = False) -> float
     from training.rl.config import GRPOConfig
     from training.rl.round import Round
 
-    cfg = GRPOConfig(prompts_per_step=args.prompts, samples_per_prompt=args.k, max_new_tokens=args.max_new_tokens,
-                     temperature=1.0, beta=args.beta, lr=1e-5, dynamic_sampling=dynamic_sampling, curriculum=False,
-                     warmup_steps=0, device="cpu", seed=args.seed)
+    cfg = GRPOConfig(
+        prompts_per_step=args.prompts,
+        samples_per_prompt=args.k,
+        max_new_tokens=args.max_new_tokens,
+        temperature=1.0,
+        beta=args.beta,
+        lr=1e-5,
+        dynamic_sampling=dynamic_sampling,
+        curriculum=False,
+        warmup_steps=0,
+        device="cpu",
+        seed=args.seed,
+    )
     policy = copy.deepcopy(model).train()
     ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta else None
     rnd = Round.build(cfg, 1, policy, tok, ref, tasks, torch.device("cpu"))
@@ -101,15 +114,38 @@ def bench_trl(model, tok, tasks, args) -> float:
         model.save_pretrained(f"{out}/policy")
         tok.save_pretrained(f"{out}/policy")
         config = TRLConfig(
-            output_dir=out, per_device_train_batch_size=args.prompts * args.k, num_generations=args.k,
-            gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
-            max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, beta=args.beta,
-            learning_rate=1e-5, max_steps=args.steps + 1, use_vllm=False, use_cpu=True, bf16=False,
-            report_to="none", save_strategy="no", logging_steps=1000, seed=args.seed,
-            dataloader_num_workers=0, disable_tqdm=True, log_completions=False,
+            output_dir=out,
+            per_device_train_batch_size=args.prompts * args.k,
+            num_generations=args.k,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            num_iterations=1,
+            max_completion_length=args.max_new_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            beta=args.beta,
+            learning_rate=1e-5,
+            max_steps=args.steps + 1,
+            use_vllm=False,
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1000,
+            seed=args.seed,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            log_completions=False,
         )
-        trainer = GRPOTrainer(model=f"{out}/policy", reward_funcs=reward, args=config, train_dataset=data,
-                              processing_class=tok, callbacks=[Clock()])
+        trainer = GRPOTrainer(
+            model=f"{out}/policy",
+            reward_funcs=reward,
+            args=config,
+            train_dataset=data,
+            processing_class=tok,
+            callbacks=[Clock()],
+        )
         trainer.remove_callback(PrinterCallback)  # its end-of-training metrics dict is noise here
         trainer.train()
     timed = len(stamps) - 1  # step 1 is the warm-up
@@ -137,14 +173,21 @@ def main() -> int:
     logging.getLogger("posttrain").setLevel(logging.WARNING)
     from training.tasksets.generators import generate
 
-    tasks = (generate("math", 600, args.seed, (1, 2)) + generate("code", 150, args.seed, (1, 2))
-             + generate("extraction", 150, args.seed, (1, 2)))
+    tasks = (
+        generate("math", 600, args.seed, (1, 2))
+        + generate("code", 150, args.seed, (1, 2))
+        + generate("extraction", 150, args.seed, (1, 2))
+    )
     t = time.perf_counter()
     model, tok = tiny_policy(tasks, args.sft_steps, args.seed)
-    print(f"tiny policy: {sum(p.numel() for p in model.parameters()):,} params, {args.sft_steps} SFT steps "
-          f"({time.perf_counter() - t:.1f}s); torch threads {torch.get_num_threads()}")
-    print(f"setup: {args.prompts} prompts x {args.k} samples/step, max_new_tokens {args.max_new_tokens}, "
-          f"beta {args.beta}, {args.steps} timed steps each, CPU")
+    print(
+        f"tiny policy: {sum(p.numel() for p in model.parameters()):,} params, {args.sft_steps} SFT steps "
+        f"({time.perf_counter() - t:.1f}s); torch threads {torch.get_num_threads()}"
+    )
+    print(
+        f"setup: {args.prompts} prompts x {args.k} samples/step, max_new_tokens {args.max_new_tokens}, "
+        f"beta {args.beta}, {args.steps} timed steps each, CPU"
+    )
     import trl as trl_mod
 
     runs: dict[str, list[float]] = {"ours": [], "ours_ds": [], "trl": []}
@@ -156,11 +199,15 @@ def main() -> int:
     each = {k: ", ".join(f"{v:.0f}" for v in vs) for k, vs in runs.items()}
     print(f"best of {args.repeats} interleaved runs (each run: {each['ours']} | {each['ours_ds']} | {each['trl']})")
     print(f"ours, like for like (every group trained):            {ours:8.1f} samples/s")
-    print(f"ours, default (dynamic sampling: zero-variance groups  {ours_ds:8.1f} samples/s\n"
-          f"      are generated and scored, not trained)")
+    print(
+        f"ours, default (dynamic sampling: zero-variance groups  {ours_ds:8.1f} samples/s\n"
+        f"      are generated and scored, not trained)"
+    )
     print(f"TRL {trl_mod.__version__} GRPOTrainer (use_vllm=False):          {trl:8.1f} samples/s")
-    print(f"ratio ours/TRL, like for like: {ours / trl:.2f}x (goal >= 2x); "
-          f"run by run: {', '.join(f'{a / b:.2f}' for a, b in zip(runs['ours'], runs['trl']))}")
+    print(
+        f"ratio ours/TRL, like for like: {ours / trl:.2f}x (goal >= 2x); "
+        f"run by run: {', '.join(f'{a / b:.2f}' for a, b in zip(runs['ours'], runs['trl']))}"
+    )
     print(f"ratio ours/TRL, default:       {ours_ds / trl:.2f}x")
     return 0
 

@@ -38,7 +38,8 @@ GOAL_RATE = 600.0
 # HumanEval-sized programs (written for this benchmark, in HumanEval's style: typed signature, docstring,
 # 15-25 lines, stdlib imports), each with its assert tests.
 HUMANEVAL = [
-    ('''from typing import List
+    (
+        '''from typing import List
 
 
 def separate_paren_groups(paren_string: str) -> List[str]:
@@ -60,14 +61,17 @@ def separate_paren_groups(paren_string: str) -> List[str]:
                 result.append(''.join(current))
                 current.clear()
     return result
-''', """assert separate_paren_groups('(()()) ((())) () ((())()())') == ['(()())', '((()))', '()', '((())()())']
+''',
+        """assert separate_paren_groups('(()()) ((())) () ((())()())') == ['(()())', '((()))', '()', '((())()())']
 assert separate_paren_groups('() (()) ((())) (((())))') == ['()', '(())', '((()))', '(((())))']
 assert separate_paren_groups('(()(())((())))') == ['(()(())((())))']
 assert separate_paren_groups('( ) (( )) (( )( ))') == ['()', '(())', '(()())']
 assert separate_paren_groups('') == []
 assert separate_paren_groups('()') == ['()']
-"""),
-    ('''import math
+""",
+    ),
+    (
+        '''import math
 from typing import List
 
 
@@ -89,15 +93,18 @@ def prime_factors_sum(numbers: List[int]) -> List[int]:
         return out
 
     return [sum(factors(n)) if n >= 2 else 0 for n in numbers]
-''', """assert prime_factors_sum([12, 7, 1]) == [7, 7, 0]
+''',
+        """assert prime_factors_sum([12, 7, 1]) == [7, 7, 0]
 assert prime_factors_sum([2]) == [2]
 assert prime_factors_sum([100]) == [14]
 assert prime_factors_sum([97, 98]) == [97, 16]
 assert prime_factors_sum([]) == []
 assert prime_factors_sum([0, -5]) == [0, 0]
 assert prime_factors_sum([1024]) == [20]
-"""),
-    ('''from collections import Counter
+""",
+    ),
+    (
+        '''from collections import Counter
 from typing import List, Tuple
 
 
@@ -117,7 +124,8 @@ def top_k_words(text: str, k: int) -> List[Tuple[str, int]]:
     counts = Counter(words)
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     return ranked[:max(k, 0)]
-''', """assert top_k_words('a b a c b a', 2) == [('a', 3), ('b', 2)]
+''',
+        """assert top_k_words('a b a c b a', 2) == [('a', 3), ('b', 2)]
 assert top_k_words('The the THE cat', 1) == [('the', 3)]
 assert top_k_words('', 3) == []
 assert top_k_words('x y z', 5) == [('x', 1), ('y', 1), ('z', 1)]
@@ -125,7 +133,8 @@ assert top_k_words('dog, cat; dog! bird?', 2) == [('dog', 2), ('bird', 1)]
 assert top_k_words('a a b b', 0) == []
 assert top_k_words('b a', 1) == [('a', 1)]
 assert top_k_words('one two two three three three', 3) == [('three', 3), ('two', 2), ('one', 1)]
-"""),
+""",
+    ),
 ]
 WORKLOADS = {"trivial": [(PROGRAM, ASSERTS)], "humaneval": HUMANEVAL}
 
@@ -155,8 +164,14 @@ def measure(workload: str, args: argparse.Namespace) -> tuple[float, float, floa
 
     programs = WORKLOADS[workload]
     per_round = max(1, args.jobs // args.rounds)
-    jobs = [Job(programs[i % len(programs)][0], parse_assert_tests(programs[i % len(programs)][1]),
-                id=f"bench-{workload}-{i}") for i in range(per_round)]
+    jobs = [
+        Job(
+            programs[i % len(programs)][0],
+            parse_assert_tests(programs[i % len(programs)][1]),
+            id=f"bench-{workload}-{i}",
+        )
+        for i in range(per_round)
+    ]
     ours_s = base_s = floor_s = 0.0
     with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as tmp:
         files, sources = [], []
@@ -207,11 +222,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="trivial,humaneval", help=f"comma-separated: {', '.join(WORKLOADS)}")
     parser.add_argument("--jobs", type=int, default=600, help="jobs per side and workload, in total (default 600)")
-    parser.add_argument("--concurrency", type=int, default=2 * (os.cpu_count() or 1),
-                        help="jobs in flight, both sides (default: 2 x CPUs, the pool's own default)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=2 * (os.cpu_count() or 1),
+        help="jobs in flight, both sides (default: 2 x CPUs, the pool's own default)",
+    )
     parser.add_argument("--rounds", type=int, default=6, help="alternating rounds the jobs are split into")
-    parser.add_argument("--check", action="store_true",
-                        help=f"exit 1 if the trivial workload is below {GOAL:g}x or {GOAL_RATE:g} executions/s")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help=f"exit 1 if the trivial workload is below {GOAL:g}x or {GOAL_RATE:g} executions/s",
+    )
     args = parser.parse_args()
 
     failed = False
@@ -222,21 +244,30 @@ def main() -> int:
         ours, base, startup, level, floor = got
         n = max(1, args.jobs // args.rounds) * args.rounds
         ratio = ours / base
-        what = ("2-line function + 3 tests" if workload == "trivial"
-                else f"{len(HUMANEVAL)} HumanEval-sized programs, 6-8 tests each")
-        print(f"sandbox benchmark, {workload}: {n} jobs per side ({what}), concurrency {args.concurrency}, "
-              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+        what = (
+            "2-line function + 3 tests"
+            if workload == "trivial"
+            else f"{len(HUMANEVAL)} HumanEval-sized programs, 6-8 tests each"
+        )
+        print(
+            f"sandbox benchmark, {workload}: {n} jobs per side ({what}), concurrency {args.concurrency}, "
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+        )
         print(f"  isolation in force:                 {level}")
         print(f"  pool start (once, not in the rate): {startup:.3f} s")
         print(f"  ours     sandbox.Pool.run_batch:    {ours:8.1f} executions/s  ({1000 / ours:.2f} ms each)")
         print(f"  baseline subprocess.run([python]):  {base:8.1f} executions/s  ({1000 / base:.2f} ms each)")
-        print(f"  floor    bare fork, no isolation:   {floor:8.1f} executions/s  ({1000 / floor:.2f} ms each; "
-              f"{floor / base:.1f}x the baseline: about the most a fork-per-job sandbox gets here)")
+        print(
+            f"  floor    bare fork, no isolation:   {floor:8.1f} executions/s  ({1000 / floor:.2f} ms each; "
+            f"{floor / base:.1f}x the baseline: about the most a fork-per-job sandbox gets here)"
+        )
         if workload == "trivial":
             below = [f"ratio below {GOAL:g}x"] * (ratio < GOAL) + [f"rate below {GOAL_RATE:g}/s"] * (ours < GOAL_RATE)
             failed = bool(below)
-            print(f"  ratio:                              {ratio:8.1f}x  (goals >= {GOAL:g}x and >= {GOAL_RATE:g} "
-                  f"executions/s: {'BELOW GOAL: ' + ', '.join(below) if below else 'hold'})")
+            print(
+                f"  ratio:                              {ratio:8.1f}x  (goals >= {GOAL:g}x and >= {GOAL_RATE:g} "
+                f"executions/s: {'BELOW GOAL: ' + ', '.join(below) if below else 'hold'})"
+            )
         else:
             print(f"  ratio:                              {ratio:8.1f}x")
     return 1 if args.check and failed else 0

@@ -55,9 +55,11 @@ def main() -> int:
             print(f"  {name:10s} {seconds:7.2f} s")
         print(f"  {'total':10s} {total:7.2f} s   {args.total / total:,.0f} tasks/s")
         rep = result.report
-        print(f"  kept: train {len(result.train)}, holdout {len(result.holdout)}; exact dups "
-              f"{rep['dedup']['exact_duplicates']}, near dups {rep['dedup']['near_duplicates']}, "
-              f"contaminated {rep['overlap']['contaminated']}, mix dropped {rep['mixing']['dropped']}")
+        print(
+            f"  kept: train {len(result.train)}, holdout {len(result.holdout)}; exact dups "
+            f"{rep['dedup']['exact_duplicates']}, near dups {rep['dedup']['near_duplicates']}, "
+            f"contaminated {rep['overlap']['contaminated']}, mix dropped {rep['mixing']['dropped']}"
+        )
         print(f"baseline: datasets parquet write of the {args.total} generated rows alone: {floor:.2f} s")
         print(f"ratio: build / baseline = {total / floor:.1f}x")
 
@@ -68,9 +70,11 @@ def main() -> int:
         t = time.perf_counter()
         rc = cli.main(["build-taskset", "--run", f"file://{tmp_path / 'run'}", "--set", f"total={args.total}"])
         stage = time.perf_counter() - t
-        print(f"stage: posttrain build-taskset --set total={args.total}: rc={rc}, {stage:.2f} s wall "
-              f"(incl. MLflow setup and logging) -> {'OK' if rc == 0 and stage < 60 else 'OVER BUDGET'} "
-              f"(budget 60 s)")
+        print(
+            f"stage: posttrain build-taskset --set total={args.total}: rc={rc}, {stage:.2f} s wall "
+            f"(incl. MLflow setup and logging) -> {'OK' if rc == 0 and stage < 60 else 'OVER BUDGET'} "
+            f"(budget 60 s)"
+        )
         return 0 if rc == 0 and stage < 60 else 1
 
 

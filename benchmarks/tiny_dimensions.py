@@ -62,8 +62,13 @@ def run_seed(seed: int, overrides: dict[str, dict], root: Path) -> dict[str, Any
         stage.run_stage("evaluate", from_dict(EvalConfig, cfg["evaluate"]), run, evaluate_body)
         times["evaluate"] = time.perf_counter() - t
     report = read_json(require_manifest(join(run, "evaluate")), "report.json")
-    return {"sft": r1.summary["holdout_before"], "round1": r1.summary["holdout_after"],
-            "round2": r2.summary["holdout_after"], "report": report, "times": times}
+    return {
+        "sft": r1.summary["holdout_before"],
+        "round1": r1.summary["holdout_after"],
+        "round2": r2.summary["holdout_after"],
+        "report": report,
+        "times": times,
+    }
 
 
 def _rate(c: dict[str, int] | None) -> str:
@@ -76,7 +81,9 @@ def dimension_rows(report: dict[str, Any], model: str) -> dict[str, dict[str, st
     for domain, d in report["models"][model]["domains"].items():
         repair = d.get("self_repair")
         out[domain] = {
-            "pass1": _rate(d["pass1"]), "strict": _rate(d["pass1_strict"]), "format": _rate(d["format"]),
+            "pass1": _rate(d["pass1"]),
+            "strict": _rate(d["pass1_strict"]),
+            "format": _rate(d["format"]),
             "long_ctx": _rate(d["long_context"]),
             "repair": (f"{repair['repaired_within'].get('1', 0)}/{repair['failed_first']}" if repair else "-"),
         }
@@ -86,8 +93,13 @@ def dimension_rows(report: dict[str, Any], model: str) -> dict[str, dict[str, st
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--set", action="append", default=[], metavar="STAGE.FIELD=VALUE",
-                        help="override a TINY preset field (taskset, sft, rl_round, evaluate), JSON values")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="STAGE.FIELD=VALUE",
+        help="override a TINY preset field (taskset, sft, rl_round, evaluate), JSON values",
+    )
     parser.add_argument("--keep", type=Path, help="keep the runs (file:// stages, MLflow SQLite) in this folder")
     args = parser.parse_args()
     overrides = parse_overrides(args.set, STAGES)
@@ -111,20 +123,30 @@ def main() -> int:
             dims = dimension_rows(res["report"], "candidate")
             times = ", ".join(f"{k} {v:.0f}s" for k, v in res["times"].items())
             print(f"\nseed {seed} ({times})")
-            print(f"{'domain':11s} {'sft':>6s} {'r1':>6s} {'r2':>6s} {'lift':>6s} | evaluate sft -> candidate: "
-                  f"pass@1, strict, format, long-context, repaired/failed")
+            print(
+                f"{'domain':11s} {'sft':>6s} {'r1':>6s} {'r2':>6s} {'lift':>6s} | evaluate sft -> candidate: "
+                f"pass@1, strict, format, long-context, repaired/failed"
+            )
             for domain in sorted(res["sft"]):
                 if domain == "all":
                     continue
                 s, r1, r2 = res["sft"][domain], res["round1"][domain], res["round2"][domain]
                 a, b = sft_dims.get(domain, {}), dims.get(domain, {})
-                print(f"{domain:11s} {s:6.1%} {r1:6.1%} {r2:6.1%} {r2 - s:+6.1%} | "
-                      + "  ".join(f"{a.get(k, '-').strip()}->{b.get(k, '-').strip()}"
-                                  for k in ("pass1", "strict", "format", "long_ctx", "repair")), flush=True)
+                print(
+                    f"{domain:11s} {s:6.1%} {r1:6.1%} {r2:6.1%} {r2 - s:+6.1%} | "
+                    + "  ".join(
+                        f"{a.get(k, '-').strip()}->{b.get(k, '-').strip()}"
+                        for k in ("pass1", "strict", "format", "long_ctx", "repair")
+                    ),
+                    flush=True,
+                )
             # where a domain moves: code level 5's reading is a coin flip per task, so its first attempts sit at
             # chance whatever the model (training/tasksets/generators.py)
-            print("evaluate pass@1 by level, sft -> candidate: " + "; ".join(
-                f"{domain} " + ", ".join(by_level(res["report"], domain)) for domain in sorted(dims)), flush=True)
+            print(
+                "evaluate pass@1 by level, sft -> candidate: "
+                + "; ".join(f"{domain} " + ", ".join(by_level(res["report"], domain)) for domain in sorted(dims)),
+                flush=True,
+            )
     return 0
 
 
@@ -133,8 +155,10 @@ def by_level(report: dict[str, Any], domain: str) -> list[str]:
     models = report["models"]
     levels = models["candidate"]["domains"][domain]["by_difficulty"]
     before = models["sft"]["domains"].get(domain, {}).get("by_difficulty", {})
-    return [f"L{lv} {before.get(lv, {}).get('passed', '-')}/{c['total']}->{c['passed']}/{c['total']}"
-            for lv, c in levels.items()]
+    return [
+        f"L{lv} {before.get(lv, {}).get('passed', '-')}/{c['total']}->{c['passed']}/{c['total']}"
+        for lv, c in levels.items()
+    ]
 
 
 if __name__ == "__main__":

@@ -31,18 +31,18 @@ with DAG(
     description="Nightly GRPO rounds from the champion on the newest task set, gated against the champion",
     # The core timetable is annotated with scheduler-side SerializedAsset, but its __init__ converts SDK assets
     # (ensure_serialized_asset: "so this class works in dag files"), so an SDK Asset is right at runtime.
-    schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"),
-                                 assets=TASKSET_ASSET),  # type: ignore[arg-type]
+    schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"), assets=TASKSET_ASSET),  # type: ignore[arg-type]
     params=NIGHTLY_PARAMS,
     user_defined_macros=MACROS,
     max_active_runs=1,
     **DAG_DEFAULTS,
 ) as dag:
     taskset = PosttrainStageOperator(
-        task_id="adopt_taskset", spec=spec("adopt", "--source", TASKSETS_ROOT, "--as", "taskset"),
-        run_uri=RUN_URI)
+        task_id="adopt_taskset", spec=spec("adopt", "--source", TASKSETS_ROOT, "--as", "taskset"), run_uri=RUN_URI
+    )
     champion = PosttrainStageOperator(
         task_id="adopt_champion",
         spec=spec("adopt", "--source", f"models:/{MODEL_NAME}@champion", "--as", "sft", "--prefix", "model"),
-        run_uri=RUN_URI)
+        run_uri=RUN_URI,
+    )
     chain([taskset, champion], rounds_through_promotion(RUN_URI))

@@ -24,9 +24,13 @@ with DAG(
     **DAG_DEFAULTS,
 ) as dag:
     taskset = PosttrainStageOperator(
-        task_id="build_taskset", spec=spec("build-taskset"), run_uri=RUN_URI,
-        config="{{ stage_config('taskset', params) }}", pool="default_pool")
+        task_id="build_taskset",
+        spec=spec("build-taskset"),
+        run_uri=RUN_URI,
+        config="{{ stage_config('taskset', params) }}",
+        pool="default_pool",
+    )
     sft = PosttrainStageOperator(
-        task_id="sft", spec=spec("sft", gpus=1), run_uri=RUN_URI,
-        config="{{ stage_config('sft', params) }}", pool="gpu")
+        task_id="sft", spec=spec("sft", gpus=1), run_uri=RUN_URI, config="{{ stage_config('sft', params) }}", pool="gpu"
+    )
     chain(taskset, sft, rounds_through_promotion(RUN_URI))

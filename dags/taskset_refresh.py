@@ -21,9 +21,16 @@ with DAG(
     **DAG_DEFAULTS,
 ) as dag:
     build = PosttrainStageOperator(
-        task_id="build_taskset", spec=spec("build-taskset"), run_uri=BUILD_URI,
-        config="{{ stage_config('taskset', params) }}")
+        task_id="build_taskset",
+        spec=spec("build-taskset"),
+        run_uri=BUILD_URI,
+        config="{{ stage_config('taskset', params) }}",
+    )
     publish = PosttrainStageOperator(
-        task_id="publish", spec=spec("latest", TASKSETS_ROOT, "--set"), stage_args=[BUILD_URI + "/taskset"],
-        run_uri="", outlets=[TASKSET_ASSET])
+        task_id="publish",
+        spec=spec("latest", TASKSETS_ROOT, "--set"),
+        stage_args=[BUILD_URI + "/taskset"],
+        run_uri="",
+        outlets=[TASKSET_ASSET],
+    )
     build >> publish

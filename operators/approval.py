@@ -38,8 +38,13 @@ def approval_body(gate: dict[str, Any], evaluation: dict[str, Any]) -> str:
     models = [m for m in ("candidate", "champion", "sft") if m in pass1]
     domains = sorted({d for m in models for d in pass1[m]})
     if models and domains:
-        lines += ["", "Holdout pass@1 by domain:", "",
-                  "| domain | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
+        lines += [
+            "",
+            "Holdout pass@1 by domain:",
+            "",
+            "| domain | " + " | ".join(models) + " |",
+            "|---" * (len(models) + 1) + "|",
+        ]
         for domain in domains:
             cells = [f"{pass1[m][domain]:.1%}" if domain in pass1[m] else "n/a" for m in models]
             lines.append(f"| {domain} | " + " | ".join(cells) + " |")
@@ -58,8 +63,15 @@ class PromotionApproval(ApprovalOperator):
     template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "require", "timeout_hours")
     ui_color = "#fff4d6"
 
-    def __init__(self, *, gate_task_id: str, evaluate_task_id: str, require: str | bool = False,
-                 timeout_hours: str | float = 24, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        gate_task_id: str,
+        evaluate_task_id: str,
+        require: str | bool = False,
+        timeout_hours: str | float = 24,
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("subject", "Promote this candidate?")
         super().__init__(defaults=self.REJECT, **kwargs)
         self.gate_task_id = gate_task_id
@@ -79,8 +91,7 @@ class PromotionApproval(ApprovalOperator):
         evaluation = (ti.xcom_pull(task_ids=self.evaluate_task_id) or {}).get("summary", {})
         self.body = approval_body(gate, evaluation)
         self.response_timeout = timedelta(hours=float(self.timeout_hours))
-        self.log.info("waiting up to %s for a person to approve or reject (Required Actions)",
-                      self.response_timeout)
+        self.log.info("waiting up to %s for a person to approve or reject (Required Actions)", self.response_timeout)
         return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:

@@ -37,8 +37,9 @@ class EndTrackingOperator(BaseOperator):
     template_fields: Sequence[str] = ("run_uri",)
     ui_color = "#eeeeee"
 
-    def __init__(self, *, run_uri: str, mlflow_conn_id: str | None = MlflowHook.default_conn_name,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *, run_uri: str, mlflow_conn_id: str | None = MlflowHook.default_conn_name, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.run_uri = run_uri
         self.mlflow_conn_id = mlflow_conn_id
@@ -55,7 +56,6 @@ class EndTrackingOperator(BaseOperator):
         states = {task: state for task, state in found.items() if task != self.task_id}
         status, tag = outcome(states)
         uri = self.mlflow_hook.stage_env().get("MLFLOW_TRACKING_URI")
-        ended = tracking.end_pipeline_run(run_id_of(self.run_uri), status, {"posttrain.outcome": tag},
-                                          tracking_uri=uri)
+        ended = tracking.end_pipeline_run(run_id_of(self.run_uri), status, {"posttrain.outcome": tag}, tracking_uri=uri)
         self.log.info("MLflow parent run %s ended %s (%s)", ended or "(none: no stage started)", status, tag)
         return {"mlflow_run_id": ended or "", "status": status, "outcome": tag}

@@ -51,13 +51,22 @@ ENGINE_LABELS = {name: f"{name}: {what}" for name, what in ENGINES.items()}
 GATE_METRICS = METRIC_LABELS
 DOMAINS = ("math", "code", "extraction", "instruction")
 # Stage names a per-stage override may address ("rl_round" applies to every round).
-OVERRIDE_STAGES = ("taskset", "sft", "rl_round", *(f"rl_round_{n}" for n in range(1, MAX_ROUNDS + 1)),
-                   "evaluate", "gate", "promote")
+OVERRIDE_STAGES = (
+    "taskset",
+    "sft",
+    "rl_round",
+    *(f"rl_round_{n}" for n in range(1, MAX_ROUNDS + 1)),
+    "evaluate",
+    "gate",
+    "promote",
+)
 
 
 def _mix_schema() -> dict[str, Any]:
-    return {"propertyNames": {"enum": list(DOMAINS)},
-            "additionalProperties": {"type": "number", "minimum": 0, "maximum": 1}}
+    return {
+        "propertyNames": {"enum": list(DOMAINS)},
+        "additionalProperties": {"type": "number", "minimum": 0, "maximum": 1},
+    }
 
 
 def build_params(max_rounds: int = MAX_ROUNDS) -> dict[str, Param]:
@@ -65,100 +74,195 @@ def build_params(max_rounds: int = MAX_ROUNDS) -> dict[str, Param]:
     return {
         # ----- data ------------------------------------------------------------------------------------------
         "profile": Param(
-            "tiny", type="string", enum=list(PROFILES), values_display=PROFILE_LABELS, title="Profile",
+            "tiny",
+            type="string",
+            enum=list(PROFILES),
+            values_display=PROFILE_LABELS,
+            title="Profile",
             section=SECTION_DATA,
             description_md="Per-stage presets. **tiny** runs the whole pipeline on CPU in minutes; **data** uses "
-                           "the stage defaults, for your own base model and task data."),
+            "the stage defaults, for your own base model and task data.",
+        ),
         "mix": Param(
-            None, type=["null", "object"], title="Domains and ratios", section=SECTION_DATA, **_mix_schema(),
-            description_md='Train-set and RL prompt mix as ratios between 0 and 1 per domain (`math`, `code`, '
-                           '`extraction`, `instruction`), e.g. `{"math": 0.5, "code": 0.25, "extraction": 0.25}`. '
-                           'Empty: the profile\'s mix.'),
+            None,
+            type=["null", "object"],
+            title="Domains and ratios",
+            section=SECTION_DATA,
+            **_mix_schema(),
+            description_md="Train-set and RL prompt mix as ratios between 0 and 1 per domain (`math`, `code`, "
+            '`extraction`, `instruction`), e.g. `{"math": 0.5, "code": 0.25, "extraction": 0.25}`. '
+            "Empty: the profile's mix.",
+        ),
         "seed": Param(
-            0, type="integer", minimum=0, maximum=2**31 - 1, title="Seed", section=SECTION_DATA,
-            description_md="Seeds the task set, SFT and every RL step: the same seed gives the same run."),
+            0,
+            type="integer",
+            minimum=0,
+            maximum=2**31 - 1,
+            title="Seed",
+            section=SECTION_DATA,
+            description_md="Seeds the task set, SFT and every RL step: the same seed gives the same run.",
+        ),
         # ----- SFT -------------------------------------------------------------------------------------------
         "base_model": Param(
-            None, type=["null", "string"], maxLength=500, pattern=r"^\S*$", title="Base model",
+            None,
+            type=["null", "string"],
+            maxLength=500,
+            pattern=r"^\S*$",
+            title="Base model",
             section=SECTION_SFT,
             description_md="Hugging Face hub id, local path or `s3://` URI of the model to post-train (no "
-                           "spaces). **Empty: the profile's model, built from scratch** (tiny)."),
+            "spaces). **Empty: the profile's model, built from scratch** (tiny).",
+        ),
         # ----- RL --------------------------------------------------------------------------------------------
         "rounds": Param(
-            2, type="integer", minimum=0, maximum=max_rounds, title="RL rounds", section=SECTION_RL,
-            description_md=f"GRPO rounds after SFT, 0 to {max_rounds}. Each round starts from the previous "
-                           "one and is evaluated on the holdout at its end."),
-        "k": Param(
-            None, type=["null", "integer"], minimum=2, maximum=64, title="Samples per prompt (k)",
+            2,
+            type="integer",
+            minimum=0,
+            maximum=max_rounds,
+            title="RL rounds",
             section=SECTION_RL,
-            description_md="Completions sampled per prompt, the GRPO group size (2 to 64). Empty: the profile's."),
+            description_md=f"GRPO rounds after SFT, 0 to {max_rounds}. Each round starts from the previous "
+            "one and is evaluated on the holdout at its end.",
+        ),
+        "k": Param(
+            None,
+            type=["null", "integer"],
+            minimum=2,
+            maximum=64,
+            title="Samples per prompt (k)",
+            section=SECTION_RL,
+            description_md="Completions sampled per prompt, the GRPO group size (2 to 64). Empty: the profile's.",
+        ),
         "learning_rate": Param(
-            None, type=["null", "number"], exclusiveMinimum=0, maximum=1, title="RL learning rate",
+            None,
+            type=["null", "number"],
+            exclusiveMinimum=0,
+            maximum=1,
+            title="RL learning rate",
             section=SECTION_RL,
             description_md="AdamW learning rate of the RL rounds, above 0 and at most 1 (tiny: `2e-4`). "
-                           "Empty: the profile's."),
+            "Empty: the profile's.",
+        ),
         "kl_coef": Param(
-            None, type=["null", "number"], minimum=0, maximum=10, title="KL coefficient (beta)",
+            None,
+            type=["null", "number"],
+            minimum=0,
+            maximum=10,
+            title="KL coefficient (beta)",
             section=SECTION_RL,
-            description_md="Weight of the KL penalty to the SFT model, 0 to 10; 0 turns it off. "
-                           "Empty: the profile's."),
+            description_md="Weight of the KL penalty to the SFT model, 0 to 10; 0 turns it off. Empty: the profile's.",
+        ),
         "advantage": Param(
-            "grpo", type="string", enum=list(ADVANTAGE_LABELS), values_display=ADVANTAGE_LABELS,
-            title="Advantage estimator", section=SECTION_RL,
-            description_md="How a completion's reward becomes its advantage within its group."),
-        "loss_agg": Param(
-            "token-mean", type="string", enum=list(LOSS_AGG_LABELS), values_display=LOSS_AGG_LABELS,
-            title="Loss aggregation", section=SECTION_RL,
-            description_md="How per-token policy losses are averaged into the batch loss."),
-        "rollout_engine": Param(
-            "hf", type="string", enum=list(ENGINE_LABELS), values_display=ENGINE_LABELS, title="Rollout engine",
+            "grpo",
+            type="string",
+            enum=list(ADVANTAGE_LABELS),
+            values_display=ADVANTAGE_LABELS,
+            title="Advantage estimator",
             section=SECTION_RL,
-            description_md="What samples the completions. `vllm` needs a GPU worker (the `gpu` extra)."),
+            description_md="How a completion's reward becomes its advantage within its group.",
+        ),
+        "loss_agg": Param(
+            "token-mean",
+            type="string",
+            enum=list(LOSS_AGG_LABELS),
+            values_display=LOSS_AGG_LABELS,
+            title="Loss aggregation",
+            section=SECTION_RL,
+            description_md="How per-token policy losses are averaged into the batch loss.",
+        ),
+        "rollout_engine": Param(
+            "hf",
+            type="string",
+            enum=list(ENGINE_LABELS),
+            values_display=ENGINE_LABELS,
+            title="Rollout engine",
+            section=SECTION_RL,
+            description_md="What samples the completions. `vllm` needs a GPU worker (the `gpu` extra).",
+        ),
         # ----- evaluation and gate ---------------------------------------------------------------------------
         "require_approval": Param(
-            False, type="boolean", title="Require human approval", section=SECTION_GATE,
-            description_md="When the gate says promote, wait for a person to **Approve** or **Reject** under "
-                           "*Required Actions* (the verdict and the evaluation table are shown there). "
-                           "Reject, or no answer in time, blocks the promotion."),
-        "approval_timeout_hours": Param(
-            24, type="number", exclusiveMinimum=0, maximum=24 * 14, title="Approval timeout (hours)",
+            False,
+            type="boolean",
+            title="Require human approval",
             section=SECTION_GATE,
-            description_md="How long the approval waits (above 0, at most 14 days); then it counts as a reject."),
+            description_md="When the gate says promote, wait for a person to **Approve** or **Reject** under "
+            "*Required Actions* (the verdict and the evaluation table are shown there). "
+            "Reject, or no answer in time, blocks the promotion.",
+        ),
+        "approval_timeout_hours": Param(
+            24,
+            type="number",
+            exclusiveMinimum=0,
+            maximum=24 * 14,
+            title="Approval timeout (hours)",
+            section=SECTION_GATE,
+            description_md="How long the approval waits (above 0, at most 14 days); then it counts as a reject.",
+        ),
         "gate_metrics": Param(
-            None, type=["null", "array"], items={"type": "string", "enum": list(GATE_METRICS)}, uniqueItems=True,
-            title="Gated dimensions", section=SECTION_GATE,
+            None,
+            type=["null", "array"],
+            items={"type": "string", "enum": list(GATE_METRICS)},
+            uniqueItems=True,
+            title="Gated dimensions",
+            section=SECTION_GATE,
             description_md="Which evaluation dimensions block a credible drop against the champion and the SFT "
-                           "model, per domain: " + ", ".join(f"`{k}` ({v})" for k, v in GATE_METRICS.items())
-                           + ". Empty: the gate's default, `[\"pass1\", \"format\"]`."),
+            "model, per domain: "
+            + ", ".join(f"`{k}` ({v})" for k, v in GATE_METRICS.items())
+            + '. Empty: the gate\'s default, `["pass1", "format"]`.',
+        ),
         "noninferiority_margin": Param(
-            None, type=["null", "number"], minimum=0, maximum=0.5, title="Non-inferiority margin",
+            None,
+            type=["null", "number"],
+            minimum=0,
+            maximum=0.5,
+            title="Non-inferiority margin",
             section=SECTION_GATE,
             description_md="Largest pass@1 loss per domain (a fraction: `0.03` = 3 points) the candidate must "
-                           "*show* it stays within, one-sided at 95%, Holm-corrected across domains. Too little "
-                           "evidence blocks, so it needs large holdouts. 0 or empty: off."),
+            "*show* it stays within, one-sided at 95%, Holm-corrected across domains. Too little "
+            "evidence blocks, so it needs large holdouts. 0 or empty: off.",
+        ),
         "max_kl": Param(
-            None, type=["null", "number"], minimum=0, maximum=100, title="Max KL to the reference",
+            None,
+            type=["null", "number"],
+            minimum=0,
+            maximum=100,
+            title="Max KL to the reference",
             section=SECTION_GATE,
             description_md="Block when the last RL round's mean per-token KL to the reference model exceeds this "
-                           "(nats). 0 or empty: off."),
+            "(nats). 0 or empty: off.",
+        ),
         "min_entropy_ratio": Param(
-            None, type=["null", "number"], minimum=0, maximum=1, title="Min entropy ratio",
+            None,
+            type=["null", "number"],
+            minimum=0,
+            maximum=1,
+            title="Min entropy ratio",
             section=SECTION_GATE,
             description_md="Block when the last RL round's mean token entropy falls below this share of the first "
-                           "round's (a collapsed policy), between 0 and 1. 0 or empty: off."),
+            "round's (a collapsed policy), between 0 and 1. 0 or empty: off.",
+        ),
         # ----- advanced --------------------------------------------------------------------------------------
         "run_root": Param(
-            DEFAULT_RUN_ROOT, type="string", pattern=r"^(s3|file)://\S+$", title="Run root URI",
+            DEFAULT_RUN_ROOT,
+            type="string",
+            pattern=r"^(s3|file)://\S+$",
+            title="Run root URI",
             section=SECTION_ADVANCED,
             description_md="Outputs go to `<run root>/<run id>/<stage>/`: an `s3://bucket/prefix` or "
-                           "`file:///path` URI."),
+            "`file:///path` URI.",
+        ),
         "stage_overrides": Param(
-            {}, type="object", title="Per-stage config", section=SECTION_ADVANCED,
-            propertyNames={"enum": list(OVERRIDE_STAGES)}, additionalProperties={"type": "object"},
+            {},
+            type="object",
+            title="Per-stage config",
+            section=SECTION_ADVANCED,
+            propertyNames={"enum": list(OVERRIDE_STAGES)},
+            additionalProperties={"type": "object"},
             description_md='Merged into each stage\'s config last, e.g. `{"sft": {"max_steps": 400}, '
-                           '"rl_round": {"steps": 80}}`. Keys: `taskset`, `sft`, `rl_round` (every round), '
-                           '`rl_round_N`, `evaluate`, `gate`, `promote`; `posttrain <stage> --help` lists each '
-                           "stage's knobs."),
+            '"rl_round": {"steps": 80}}`. Keys: `taskset`, `sft`, `rl_round` (every round), '
+            "`rl_round_N`, `evaluate`, `gate`, `promote`; `posttrain <stage> --help` lists each "
+            "stage's knobs.",
+        ),
     }
 
 

@@ -26,8 +26,10 @@ MODEL_NAME = os.environ.get("POSTTRAIN_MODEL_NAME", "posttrain-tiny")
 # that lives on, so retrying is always safe. 10 s between tries (was 30 s) puts a crashed stage back to work
 # within about a minute of the crash; the cost is that 2 retries ride out only ~20 s of a storage or MLflow
 # outage (raise POSTTRAIN_RETRY_DELAY_S where outages last longer).
-DEFAULT_ARGS = {"retries": int(os.environ.get("POSTTRAIN_RETRIES", "2")),
-                "retry_delay": timedelta(seconds=int(os.environ.get("POSTTRAIN_RETRY_DELAY_S", "10")))}
+DEFAULT_ARGS = {
+    "retries": int(os.environ.get("POSTTRAIN_RETRIES", "2")),
+    "retry_delay": timedelta(seconds=int(os.environ.get("POSTTRAIN_RETRY_DELAY_S", "10"))),
+}
 # What every posttrain DAG shares besides its schedule and params.
 DAG_DEFAULTS: dict[str, Any] = {
     "start_date": datetime(2026, 1, 1),
@@ -54,18 +56,28 @@ def stage_config(stage: str, params: dict[str, Any]) -> str:
     elif stage == "sft":
         picked = {"base_model": params.get("base_model") or None}
     elif stage.startswith("rl_round"):
-        picked = {"samples_per_prompt": params.get("k"), "lr": params.get("learning_rate"),
-                  "beta": params.get("kl_coef"), "domain_weights": params.get("mix"),
-                  "advantage": params.get("advantage"), "loss_agg": params.get("loss_agg"),
-                  "rollout_engine": params.get("rollout_engine")}
+        picked = {
+            "samples_per_prompt": params.get("k"),
+            "lr": params.get("learning_rate"),
+            "beta": params.get("kl_coef"),
+            "domain_weights": params.get("mix"),
+            "advantage": params.get("advantage"),
+            "loss_agg": params.get("loss_agg"),
+            "rollout_engine": params.get("rollout_engine"),
+        }
     elif stage == "gate":
-        picked = {"metrics": params.get("gate_metrics"), "noninferiority_margin": params.get("noninferiority_margin"),
-                  "max_kl": params.get("max_kl"), "min_entropy_ratio": params.get("min_entropy_ratio")}
+        picked = {
+            "metrics": params.get("gate_metrics"),
+            "noninferiority_margin": params.get("noninferiority_margin"),
+            "max_kl": params.get("max_kl"),
+            "min_entropy_ratio": params.get("min_entropy_ratio"),
+        }
     else:
         picked = {}
     chosen = {k: v for k, v in picked.items() if v is not None}
-    cfg = {"seed": seed, **chosen} if stage in ("taskset", "sft", "evaluate") or stage.startswith("rl_round") \
-        else chosen
+    cfg = (
+        {"seed": seed, **chosen} if stage in ("taskset", "sft", "evaluate") or stage.startswith("rl_round") else chosen
+    )
     # A named base model gets the pretrained-model preset of its size; otherwise the profile's (tiny).
     cfg = {**preset(params.get("profile") or "tiny", stage, params.get("base_model") or ""), **cfg}
     overrides = params.get("stage_overrides") or {}
@@ -97,8 +109,14 @@ DISTRIBUTED_STAGES = ("sft", "rl-round")
 
 def spec(command: str, *args: str, gpus: int = 0) -> StageSpec:
     nproc = NPROC_PER_NODE if command in DISTRIBUTED_STAGES else 1
-    return StageSpec(command, tuple(args), launcher=LAUNCHER, image=TRAIN_IMAGE,
-                     gpus=max(gpus, nproc) if LAUNCHER != "local" and gpus else 0, nproc_per_node=nproc)
+    return StageSpec(
+        command,
+        tuple(args),
+        launcher=LAUNCHER,
+        image=TRAIN_IMAGE,
+        gpus=max(gpus, nproc) if LAUNCHER != "local" and gpus else 0,
+        nproc_per_node=nproc,
+    )
 
 
 class GateBranchOperator(BaseBranchOperator):
@@ -107,8 +125,15 @@ class GateBranchOperator(BaseBranchOperator):
 
     template_fields = ("gate_task_id",)
 
-    def __init__(self, *, gate_task_id: str, promote_task_id: str, blocked_task_id: str,
-                 approval_task_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        gate_task_id: str,
+        promote_task_id: str,
+        blocked_task_id: str,
+        approval_task_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.gate_task_id = gate_task_id
         self.promote_task_id = promote_task_id
@@ -147,26 +172,49 @@ def rounds_through_promotion(run_uri: str) -> Any:
 
     rounds = [
         PosttrainStageOperator(
-            task_id=f"rl_round_{n}", spec=spec("rl-round", "--round", str(n), gpus=1), run_uri=run_uri,
-            config=f"{{{{ stage_config('rl_round_{n}', params) }}}}", enabled=f"{{{{ params.rounds >= {n} }}}}",
-            pool="gpu")
+            task_id=f"rl_round_{n}",
+            spec=spec("rl-round", "--round", str(n), gpus=1),
+            run_uri=run_uri,
+            config=f"{{{{ stage_config('rl_round_{n}', params) }}}}",
+            enabled=f"{{{{ params.rounds >= {n} }}}}",
+            pool="gpu",
+        )
         for n in range(1, MAX_ROUNDS + 1)
     ]
     evaluate = PosttrainStageOperator(
-        task_id="evaluate", spec=spec("evaluate", gpus=1), run_uri=run_uri,
-        config="{{ stage_config('evaluate', params) }}", pool="sandbox", trigger_rule="none_failed")
-    gate = PosttrainStageOperator(task_id="gate", spec=spec("gate"), run_uri=run_uri,
-                                  config="{{ stage_config('gate', params) }}")
+        task_id="evaluate",
+        spec=spec("evaluate", gpus=1),
+        run_uri=run_uri,
+        config="{{ stage_config('evaluate', params) }}",
+        pool="sandbox",
+        trigger_rule="none_failed",
+    )
+    gate = PosttrainStageOperator(
+        task_id="gate", spec=spec("gate"), run_uri=run_uri, config="{{ stage_config('gate', params) }}"
+    )
     # Stage tasks take their queue from their stage (operators/queues.py); the control tasks are cpu work.
     approval = PromotionApproval(
-        task_id="approval", queue=QUEUES.cpu, gate_task_id="gate", evaluate_task_id="evaluate",
+        task_id="approval",
+        queue=QUEUES.cpu,
+        gate_task_id="gate",
+        evaluate_task_id="evaluate",
         require="{{ params.require_approval | default(false) }}",
-        timeout_hours="{{ params.approval_timeout_hours | default(24) }}")
-    branch = GateBranchOperator(task_id="gate_verdict", queue=QUEUES.cpu, gate_task_id="gate",
-                                promote_task_id="promote", blocked_task_id="blocked", approval_task_id="approval")
+        timeout_hours="{{ params.approval_timeout_hours | default(24) }}",
+    )
+    branch = GateBranchOperator(
+        task_id="gate_verdict",
+        queue=QUEUES.cpu,
+        gate_task_id="gate",
+        promote_task_id="promote",
+        blocked_task_id="blocked",
+        approval_task_id="approval",
+    )
     promote = PosttrainStageOperator(
-        task_id="promote", spec=spec("promote"), run_uri=run_uri,
-        config="{{ promote_config(params, ti.xcom_pull(task_ids='approval')) }}")
+        task_id="promote",
+        spec=spec("promote"),
+        run_uri=run_uri,
+        config="{{ promote_config(params, ti.xcom_pull(task_ids='approval')) }}",
+    )
     blocked = EmptyOperator(task_id="blocked", queue=QUEUES.cpu)
     end = EndTrackingOperator(task_id="end_tracking", run_uri=run_uri, queue=QUEUES.cpu).as_teardown()
     chain(*rounds, evaluate, gate, approval, branch, [promote, blocked])

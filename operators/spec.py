@@ -79,6 +79,14 @@ def torchrun_argv(spec: StageSpec, argv: list[str]) -> list[str]:
     if spec.nnodes == 1:
         head += ["--standalone"]
     else:
-        head += ["--nnodes", str(spec.nnodes), "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", f"$(MASTER_ADDR):{spec.rdzv_port}", "--rdzv-id", "$(POSTTRAIN_RDZV_ID)"]
+        head += [
+            "--nnodes",
+            str(spec.nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"$(MASTER_ADDR):{spec.rdzv_port}",
+            "--rdzv-id",
+            "$(POSTTRAIN_RDZV_ID)",
+        ]
     return [*head, "-m", "training.cli", "--", *argv[1:]]

@@ -149,8 +149,12 @@ class PosttrainStageOperator(BaseOperator):
     def _persist_links(self, context: Any, result: dict[str, Any]) -> None:
         if result.get("mlflow_run_id"):
             ui = self.mlflow_hook.ui_url().rstrip("/")
-            MlflowRunLink.persist(context, ui_url=ui, experiment_id=str(result.get("mlflow_experiment_id") or "0"),
-                                  run_id=result["mlflow_run_id"])
+            MlflowRunLink.persist(
+                context,
+                ui_url=ui,
+                experiment_id=str(result.get("mlflow_experiment_id") or "0"),
+                run_id=result["mlflow_run_id"],
+            )
         folder = result["manifest_uri"].rsplit("/", 1)[0]
         CheckpointLink.persist(context, browse_url=browse_url(folder, self.object_store_hook.stage_env()))
 

@@ -55,15 +55,20 @@ def listing_html(uri: str) -> str:
     folders = sorted({k.split("/", 1)[0] for k in keys if "/" in k})
     rows: list[str] = []
     if manifest is not None:
-        state = (f"<p class=ok>complete: manifest written {html.escape(manifest.created_at)}, git "
-                 f"{html.escape(manifest.git_rev[:12])}, MLflow run {html.escape(manifest.mlflow_run_id or '-')}"
-                 f"</p>")
+        state = (
+            f"<p class=ok>complete: manifest written {html.escape(manifest.created_at)}, git "
+            f"{html.escape(manifest.git_rev[:12])}, MLflow run {html.escape(manifest.mlflow_run_id or '-')}"
+            f"</p>"
+        )
         files: list[tuple[str, Any]] = sorted(manifest.files.items())
         for rel, entry in files:
-            rows.append(f"<tr><td>{_link(storage.join(uri, rel), rel, 'file')}</td><td>{_size(entry.size)}</td>"
-                        f"<td><code>{entry.sha256[:16]}</code></td></tr>")
-        rows.append(f"<tr><td>{_link(storage.join(uri, 'manifest.json'), 'manifest.json', 'file')}</td>"
-                    "<td></td><td></td></tr>")
+            rows.append(
+                f"<tr><td>{_link(storage.join(uri, rel), rel, 'file')}</td><td>{_size(entry.size)}</td>"
+                f"<td><code>{entry.sha256[:16]}</code></td></tr>"
+            )
+        rows.append(
+            f"<tr><td>{_link(storage.join(uri, 'manifest.json'), 'manifest.json', 'file')}</td><td></td><td></td></tr>"
+        )
     else:
         state = "<p class=warn>no manifest here: not a complete stage output (or a folder of them)</p>"
         for rel in sorted(k for k in keys if "/" not in k):
@@ -71,11 +76,13 @@ def listing_html(uri: str) -> str:
     folder_rows = [f"<tr><td>{_link(storage.join(uri, f), f + '/')}</td><td></td><td></td></tr>" for f in folders]
     parent = uri.rsplit("/", 1)[0]
     up = _link(parent, "..") if parent.count("/") >= 2 and parent != uri else ""
-    return (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(uri)}</title><style>"
-            "body{font-family:sans-serif;margin:2em}td{padding:2px 12px}code{color:#555}.ok{color:#1a7f37}"
-            ".warn{color:#9a6700}</style></head><body>"
-            f"<h2>{html.escape(uri)}</h2>{state}<p>{up}</p><table><tr><th align=left>name</th><th>size</th>"
-            f"<th>sha256</th></tr>{''.join(folder_rows + rows)}</table></body></html>")
+    return (
+        f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(uri)}</title><style>"
+        "body{font-family:sans-serif;margin:2em}td{padding:2px 12px}code{color:#555}.ok{color:#1a7f37}"
+        ".warn{color:#9a6700}</style></head><body>"
+        f"<h2>{html.escape(uri)}</h2>{state}<p>{up}</p><table><tr><th align=left>name</th><th>size</th>"
+        f"<th>sha256</th></tr>{''.join(folder_rows + rows)}</table></body></html>"
+    )
 
 
 def _user() -> Any:

@@ -17,7 +17,20 @@ from sandbox.spec import CaseResult, IsolationLevel, Job, Limits, Status, TestCa
 from sandbox.values import values_equal
 
 __all__ = [
-    "CaseResult", "IsolationLevel", "Job", "Limits", "Pool", "SandboxUnavailable", "Status", "TestCase", "TestProgram",
+    "CaseResult",
+    "IsolationLevel",
+    "Job",
+    "Limits",
+    "Pool",
+    "SandboxUnavailable",
+    "Status",
+    "TestCase",
+    "TestProgram",
     "Verdict",
-    "default_pool", "parse_assert_tests", "run", "run_batch", "shutdown_default_pool", "values_equal",
+    "default_pool",
+    "parse_assert_tests",
+    "run",
+    "run_batch",
+    "shutdown_default_pool",
+    "values_equal",
 ]

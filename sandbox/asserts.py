@@ -16,11 +16,29 @@ from typing import Any
 
 from sandbox.spec import TestCase
 
-_SAFE_CALLS = {"set": set, "frozenset": frozenset, "tuple": tuple, "list": list, "dict": dict, "float": float,
-               "int": int, "str": str, "complex": complex, "bool": bool, "bytes": bytes}
+_SAFE_CALLS = {
+    "set": set,
+    "frozenset": frozenset,
+    "tuple": tuple,
+    "list": list,
+    "dict": dict,
+    "float": float,
+    "int": int,
+    "str": str,
+    "complex": complex,
+    "bool": bool,
+    "bytes": bytes,
+}
 _MATH_CONSTS = {"inf": math.inf, "nan": math.nan, "pi": math.pi, "e": math.e, "tau": math.tau}
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 
 
 class _NotLiteral(Exception):
@@ -34,15 +52,24 @@ def literal_value(node: ast.AST) -> Any:
         return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         pass
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _SAFE_CALLS \
-            and not node.keywords and len(node.args) <= 1:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _SAFE_CALLS
+        and not node.keywords
+        and len(node.args) <= 1
+    ):
         args = [literal_value(a) for a in node.args]
         try:
             return _SAFE_CALLS[node.func.id](*args)
         except (TypeError, ValueError) as exc:
             raise _NotLiteral(str(exc)) from None
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "math" \
-            and node.attr in _MATH_CONSTS:
+    if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "math"
+        and node.attr in _MATH_CONSTS
+    ):
         return _MATH_CONSTS[node.attr]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         value = literal_value(node.operand)
@@ -96,9 +123,14 @@ def _case(test: ast.expr) -> TestCase | None:
             raise _NotLiteral("neither side of == is a literal the host can evaluate")
         if isinstance(op, ast.Is) and isinstance(right, ast.Constant) and right.value in (None, True, False):
             return TestCase(ast.unparse(left), right.value)
-        if isinstance(op, (ast.Lt, ast.LtE)) and isinstance(left, ast.Call) and _is_name(left.func, "abs") \
-                and len(left.args) == 1 and isinstance(left.args[0], ast.BinOp) \
-                and isinstance(left.args[0].op, ast.Sub):
+        if (
+            isinstance(op, (ast.Lt, ast.LtE))
+            and isinstance(left, ast.Call)
+            and _is_name(left.func, "abs")
+            and len(left.args) == 1
+            and isinstance(left.args[0], ast.BinOp)
+            and isinstance(left.args[0].op, ast.Sub)
+        ):
             diff = left.args[0]
             tol = _number(right, "tolerance")
             if _is_literal(diff.right):
@@ -158,19 +190,23 @@ def parse_assert_tests(source: str, entry_point: str | None = None) -> list[Test
             continue
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
             continue
-        if isinstance(stmt, ast.Assign) and entry_point is not None and all(
-                isinstance(t, ast.Name) and t.id == "METADATA" for t in stmt.targets):
+        if (
+            isinstance(stmt, ast.Assign)
+            and entry_point is not None
+            and all(isinstance(t, ast.Name) and t.id == "METADATA" for t in stmt.targets)
+        ):
             continue  # HumanEval metadata dict
         text = lines[stmt.lineno - 1].strip() if 0 < stmt.lineno <= len(lines) else ast.unparse(stmt)
         if not isinstance(stmt, ast.Assert):
-            raise ValueError(f"line {stmt.lineno}: `{text}` is not an assert; only assert lines can become "
-                             "test cases")
+            raise ValueError(f"line {stmt.lineno}: `{text}` is not an assert; only assert lines can become test cases")
         try:
             case = _case(stmt.test)
         except (_NotLiteral, ValueError) as exc:
-            raise ValueError(f"line {stmt.lineno}: cannot turn `{text}` into a test case ({exc}); supported: "
-                             "assert <call> == <literal>, is None/True/False, math.isclose, abs(a - b) < tol, "
-                             "bare or negated calls") from None
+            raise ValueError(
+                f"line {stmt.lineno}: cannot turn `{text}` into a test case ({exc}); supported: "
+                "assert <call> == <literal>, is None/True/False, math.isclose, abs(a - b) < tol, "
+                "bare or negated calls"
+            ) from None
         if case is not None:
             cases.append(case)
     if not cases:

@@ -37,7 +37,7 @@ def load_tests(path: Path, entry_point: str | None = None) -> list[TestCase]:
         if isinstance(data, dict) and "tests" in data:
             data = data["tests"]
         if not isinstance(data, list) or not data:
-            raise BadInput(f"{path}: expected a non-empty JSON list of {{\"call\": ..., \"expected\": ...}} objects")
+            raise BadInput(f'{path}: expected a non-empty JSON list of {{"call": ..., "expected": ...}} objects')
         try:
             return [TestCase.from_dict(item, f"test #{i}") for i, item in enumerate(data)]
         except ValueError as exc:
@@ -56,8 +56,10 @@ def _read_program(path: Path) -> str:
 
 
 def _print_human(verdict: Verdict) -> None:
-    print(f"{verdict.status.value.upper()}  {verdict.passed}/{verdict.total} tests  {verdict.duration_s:.3f}s  "
-          f"isolation: {verdict.isolation.value}")
+    print(
+        f"{verdict.status.value.upper()}  {verdict.passed}/{verdict.total} tests  {verdict.duration_s:.3f}s  "
+        f"isolation: {verdict.isolation.value}"
+    )
     if verdict.detail:
         print(f"  {verdict.detail}")
     for case in verdict.cases:
@@ -112,8 +114,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from sandbox.server import serve
 
     try:
-        return serve(args.host, args.port, args.concurrency, allow_unisolated=args.allow_unisolated or None,
-                     insecure_loopback=args.insecure_loopback)
+        return serve(
+            args.host,
+            args.port,
+            args.concurrency,
+            allow_unisolated=args.allow_unisolated or None,
+            insecure_loopback=args.insecure_loopback,
+        )
     except SandboxUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -122,8 +129,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_info(args: argparse.Namespace) -> int:
     try:
         with Pool(max_slots=1, allow_unisolated=args.allow_unisolated or None) as pool:
-            print(json.dumps({"isolation": pool.isolation.value if pool.isolation else None,
-                              "features": pool.features}, indent=2))
+            print(
+                json.dumps(
+                    {"isolation": pool.isolation.value if pool.isolation else None, "features": pool.features}, indent=2
+                )
+            )
     except SandboxUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -134,32 +144,49 @@ def build_parser(prog: str = "posttrain sandbox") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Run untrusted programs against tests, isolated.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run one program against its tests and print the verdict",
-                         description="Exit 0 passed, 1 not passed, 2 bad input, 3 sandbox unavailable.")
+    run = sub.add_parser(
+        "run",
+        help="run one program against its tests and print the verdict",
+        description="Exit 0 passed, 1 not passed, 2 bad input, 3 sandbox unavailable.",
+    )
     run.add_argument("--program", required=True, help="Python source file of the candidate program")
-    run.add_argument("--tests", required=True,
-                     help="tests: a .json list of {call, expected} objects, or a Python file of assert lines")
+    run.add_argument(
+        "--tests",
+        required=True,
+        help="tests: a .json list of {call, expected} objects, or a Python file of assert lines",
+    )
     run.add_argument("--entry-point", help="with a HumanEval `def check(candidate)` tests file: the function name")
-    run.add_argument("--test-program", action="store_true",
-                     help="run the Python tests file as a whole program (loops, helpers, check(candidate) called "
-                          "with --entry-point) in its own process, calling the program's functions in another")
+    run.add_argument(
+        "--test-program",
+        action="store_true",
+        help="run the Python tests file as a whole program (loops, helpers, check(candidate) called "
+        "with --entry-point) in its own process, calling the program's functions in another",
+    )
     run.add_argument("--json", action="store_true", help="print the verdict as JSON")
     run.add_argument("--timeout", type=float, help=f"wall and CPU seconds (default: {Limits().wall_s:g})")
-    run.add_argument("--memory-mb", type=int,
-                     help=f"address space MB on top of the interpreter (default: {Limits().memory_mb:d})")
-    run.add_argument("--allow-unisolated", action="store_true",
-                     help="run even without network isolation (rlimits only)")
+    run.add_argument(
+        "--memory-mb", type=int, help=f"address space MB on top of the interpreter (default: {Limits().memory_mb:d})"
+    )
+    run.add_argument(
+        "--allow-unisolated", action="store_true", help="run even without network isolation (rlimits only)"
+    )
     run.set_defaults(func=_cmd_run)
 
-    serve = sub.add_parser("serve", help="serve POST /run and GET /health over HTTP (JSON)",
-                           description="Callers of POST /run present 'Authorization: Bearer $POSTTRAIN_SANDBOX_TOKEN'; "
-                                       "the server refuses to start without that variable.")
+    serve = sub.add_parser(
+        "serve",
+        help="serve POST /run and GET /health over HTTP (JSON)",
+        description="Callers of POST /run present 'Authorization: Bearer $POSTTRAIN_SANDBOX_TOKEN'; "
+        "the server refuses to start without that variable.",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8090)
     serve.add_argument("--concurrency", type=int, default=None, help="jobs in flight (default: CPU count)")
     serve.add_argument("--allow-unisolated", action="store_true")
-    serve.add_argument("--insecure-loopback", action="store_true",
-                       help="start without POSTTRAIN_SANDBOX_TOKEN (accepts any caller); only on a loopback host")
+    serve.add_argument(
+        "--insecure-loopback",
+        action="store_true",
+        help="start without POSTTRAIN_SANDBOX_TOKEN (accepts any caller); only on a loopback host",
+    )
     serve.set_defaults(func=_cmd_serve)
 
     info = sub.add_parser("info", help="print the isolation level this machine gives")

@@ -24,8 +24,9 @@ from sandbox.spec import Job, Verdict
 class RemoteSandbox:
     """POST /run in chunks of at most `chunk` jobs; `timeout_s` bounds one request (a whole chunk)."""
 
-    def __init__(self, url: str, token: str | None, timeout_s: float = 600.0,
-                 chunk: int = MAX_JOBS_PER_REQUEST) -> None:
+    def __init__(
+        self, url: str, token: str | None, timeout_s: float = 600.0, chunk: int = MAX_JOBS_PER_REQUEST
+    ) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
@@ -35,15 +36,14 @@ class RemoteSandbox:
         """Verdicts in input order. `concurrency` is the service's to choose; accepted for the pool's signature."""
         out: list[Verdict] = []
         for start in range(0, len(jobs), self.chunk):
-            out += self._post([j.to_dict() for j in jobs[start:start + self.chunk]])
+            out += self._post([j.to_dict() for j in jobs[start : start + self.chunk]])
         return out
 
     def _post(self, body: list[dict]) -> list[Verdict]:
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(f"{self.url}/run", data=json.dumps(body).encode(), headers=headers,
-                                     method="POST")
+        req = urllib.request.Request(f"{self.url}/run", data=json.dumps(body).encode(), headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 data = json.loads(resp.read())
@@ -54,8 +54,9 @@ class RemoteSandbox:
         except (OSError, ValueError) as err:  # URLError, timeouts, a reset connection, a non-JSON answer
             raise SandboxUnavailable(f"sandbox service {self.url} unreachable: {err}") from None
         if not isinstance(data, list) or len(data) != len(body):
-            raise SandboxUnavailable(f"sandbox service {self.url}: expected {len(body)} verdicts, got "
-                                     f"{type(data).__name__}")
+            raise SandboxUnavailable(
+                f"sandbox service {self.url}: expected {len(body)} verdicts, got {type(data).__name__}"
+            )
         try:
             return [Verdict.from_dict(v) for v in data]
         except (KeyError, TypeError, ValueError) as err:

@@ -46,9 +46,17 @@ class DockerBackend:
 
     isolation = IsolationLevel.DOCKER
 
-    def __init__(self, image: str = "python:3.11-slim", *, docker: str = "docker", python: str = "python3",
-                 startup_grace_s: float = 30.0, tmpfs_mb: int = 64, cpus: float = 1.0,
-                 volumes: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        image: str = "python:3.11-slim",
+        *,
+        docker: str = "docker",
+        python: str = "python3",
+        startup_grace_s: float = 30.0,
+        tmpfs_mb: int = 64,
+        cpus: float = 1.0,
+        volumes: Sequence[str] = (),
+    ) -> None:
         writable = [v for v in volumes if not v.endswith(":ro")]
         if writable:
             raise ValueError(f"sandbox volumes must be read-only (end with ':ro'): {writable}")
@@ -70,19 +78,47 @@ class DockerBackend:
         limits = job.effective_limits
         memory = limits.memory_mb + 128  # the interpreter itself, on top of what the job may use
         return [
-            self.docker, "run", "--rm", "-i", "--name", name,
-            "--network", "none", "--read-only",
-            "--memory", f"{memory}m", "--memory-swap", f"{memory}m",
-            "--pids-limit", str(limits.max_procs + 8),
-            "--cpus", str(self.cpus),
-            "--user", f"{USER_ID}:{USER_ID}", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            self.docker,
+            "run",
+            "--rm",
+            "-i",
+            "--name",
+            name,
+            "--network",
+            "none",
+            "--read-only",
+            "--memory",
+            f"{memory}m",
+            "--memory-swap",
+            f"{memory}m",
+            "--pids-limit",
+            str(limits.max_procs + 8),
+            "--cpus",
+            str(self.cpus),
+            "--user",
+            f"{USER_ID}:{USER_ID}",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
             # Owned by the job's user: with --workdir on a tmpfs, Docker resets the mount's mode to 0755 (seen
             # on 20.10), which left user 65534 unable to create its job folder under a root-owned /work.
-            "--tmpfs", f"/work:rw,nosuid,nodev,size={self.tmpfs_mb}m,uid={USER_ID},gid={USER_ID},mode=0700",
-            "--tmpfs", "/tmp:rw,nosuid,nodev,size=16m,mode=1777",
+            "--tmpfs",
+            f"/work:rw,nosuid,nodev,size={self.tmpfs_mb}m,uid={USER_ID},gid={USER_ID},mode=0700",
+            "--tmpfs",
+            "/tmp:rw,nosuid,nodev,size=16m,mode=1777",
             *[arg for volume in self.volumes for arg in ("--volume", volume)],
-            "--workdir", "/work", "--env", "HOME=/work",
-            "--entrypoint", self.python, self.image, "-I", "-S", "-c", BOOT,
+            "--workdir",
+            "/work",
+            "--env",
+            "HOME=/work",
+            "--entrypoint",
+            self.python,
+            self.image,
+            "-I",
+            "-S",
+            "-c",
+            BOOT,
         ]
 
     def payload(self, job: Job, nonce: str) -> bytes:
@@ -94,8 +130,9 @@ class DockerBackend:
         name = f"posttrain-sandbox-{nonce[:16]}"
         timeout = job.effective_limits.wall_s + self.startup_grace_s
         try:
-            proc = subprocess.run(self.command(name, job), input=self.payload(job, nonce), capture_output=True,
-                                  timeout=timeout)
+            proc = subprocess.run(
+                self.command(name, job), input=self.payload(job, nonce), capture_output=True, timeout=timeout
+            )
         except subprocess.TimeoutExpired:
             subprocess.run([self.docker, "kill", name], capture_output=True, timeout=30)
             return error_verdict(job, self.isolation, f"container did not finish within {timeout:g}s (killed)")

@@ -205,8 +205,9 @@ def run(program: str, calls: Sequence[str], nonce: str, result_fd: int, max_resu
 # are reached through stubs that encode the arguments, send them down a pipe, and decode the reply strictly into
 # exact built-in types: no candidate object, `__eq__`, frame or patched module ever exists in this process.
 
-_EXCEPTIONS = {name: obj for name, obj in vars(builtins).items()
-               if isinstance(obj, type) and issubclass(obj, Exception)}
+_EXCEPTIONS = {
+    name: obj for name, obj in vars(builtins).items() if isinstance(obj, type) and issubclass(obj, Exception)
+}
 
 
 class CandidateError(Exception):
@@ -216,7 +217,7 @@ class CandidateError(Exception):
 def _send(fd: int, obj: Any) -> None:
     view = memoryview(json.dumps(obj, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode() + b"\n")
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _serve_candidate(program: str, requests: Any, reply_fd: int) -> NoReturn:
@@ -338,8 +339,9 @@ def _where(exc: BaseException, source: str) -> str:
     return f" at test line {lineno}" + (f": {text}" if text else "")
 
 
-def run_test_program(program: str, test_fd: int, read_test: Any, nonce: str, result_fd: int,
-                     max_result_bytes: int) -> NoReturn:
+def run_test_program(
+    program: str, test_fd: int, read_test: Any, nonce: str, result_fd: int, max_result_bytes: int
+) -> NoReturn:
     """Run the test program still unread in `test_fd` (`read_test(fd)` -> TestProgram.to_dict()) against
     `program`; report one value: True when every assertion held.
 
@@ -368,8 +370,12 @@ def run_test_program(program: str, test_fd: int, read_test: Any, nonce: str, res
     except (CandidateError, ValueError) as exc:
         first = {"program_error": describe(exc)}
     if "program_error" in first or first != {"ready": True}:
-        out.frame({"program_error": str(first.get("program_error", "malformed start from the candidate")),
-                   "memory": first.get("memory") is True})
+        out.frame(
+            {
+                "program_error": str(first.get("program_error", "malformed start from the candidate")),
+                "memory": first.get("memory") is True,
+            }
+        )
         _finish(0)
     namespace: dict[str, Any] = {"__name__": "__test__", "__builtins__": builtins}
     try:
@@ -381,8 +387,11 @@ def run_test_program(program: str, test_fd: int, read_test: Any, nonce: str, res
             namespace["check"](namespace[entry])
         frame: dict[str, Any] = {"i": 0, "v": True}
     except BaseException as exc:
-        frame = {"i": 0, "error": describe(exc) + _where(exc, source),
-                 "memory": channel.memory or _type(exc) is MemoryError}
+        frame = {
+            "i": 0,
+            "error": describe(exc) + _where(exc, source),
+            "memory": channel.memory or _type(exc) is MemoryError,
+        }
     out.frame(frame)
     out.raw(b'{"done":1}')
     _finish(0)

@@ -30,8 +30,15 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-_ST_TO_MS = {1: MS_RDONLY, 2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOATIME, 2048: MS_NODIRATIME,
-             4096: MS_RELATIME}
+_ST_TO_MS = {
+    1: MS_RDONLY,
+    2: MS_NOSUID,
+    4: MS_NODEV,
+    8: MS_NOEXEC,
+    1024: MS_NOATIME,
+    2048: MS_NODIRATIME,
+    4096: MS_RELATIME,
+}
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
 PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 28, 38, 36
@@ -64,13 +71,25 @@ def setns(fd: int, nstype: int) -> None:
 
 
 def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    _check(_libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None,
-                       ctypes.c_ulong(flags), data.encode() if data else None), f"mount {target}")
+    _check(
+        _libc.mount(
+            source.encode(),
+            target.encode(),
+            fstype.encode() if fstype else None,
+            ctypes.c_ulong(flags),
+            data.encode() if data else None,
+        ),
+        f"mount {target}",
+    )
 
 
 def prctl(option: int, arg2: int = 0, arg3: int = 0) -> None:
-    _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), ctypes.c_ulong(0),
-                       ctypes.c_ulong(0)), f"prctl({option})")
+    _check(
+        _libc.prctl(
+            ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), ctypes.c_ulong(0), ctypes.c_ulong(0)
+        ),
+        f"prctl({option})",
+    )
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
@@ -264,15 +283,15 @@ def _drop_all_capabilities() -> None:
             prctl(PR_CAPBSET_DROP, cap)
         except OSError:
             break  # EINVAL past the last capability
-    prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP
-          | SECBIT_NO_SETUID_FIXUP_LOCKED)
+    prctl(
+        PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP | SECBIT_NO_SETUID_FIXUP_LOCKED
+    )
 
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
     class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
     header = Header(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (Data * 2)()
@@ -295,8 +314,15 @@ def _process_count() -> int:
 
 
 # What every job's environment holds; HOME and TMPDIR are set per job.
-JOB_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HOME": "/nonexistent", "TMPDIR": "/nonexistent"}
+JOB_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "HOME": "/nonexistent",
+    "TMPDIR": "/nonexistent",
+}
 
 
 def prepare_worker() -> None:
@@ -311,8 +337,15 @@ def prepare_worker() -> None:
     prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
-def confine(limits: dict[str, Any], workdir: str, uid: int | None, drop_caps: bool, pid_ns_init: bool,
-            vm_base: int, nproc_rlimit: bool = True) -> None:
+def confine(
+    limits: dict[str, Any],
+    workdir: str,
+    uid: int | None,
+    drop_caps: bool,
+    pid_ns_init: bool,
+    vm_base: int,
+    nproc_rlimit: bool = True,
+) -> None:
     """Called in the job process (already in its own session) just before the harness runs. `limits` is
     `Limits.to_dict()`; `vm_base` the worker's address-space size (RLIMIT_AS is on top of it).
     nproc_rlimit=False where something better bounds processes (a container's pids limit): RLIMIT_NPROC

@@ -30,8 +30,10 @@ ENV_ALLOW_UNISOLATED = "POSTTRAIN_SANDBOX_ALLOW_UNISOLATED"
 ENV_PYTHON = "POSTTRAIN_SANDBOX_PYTHON"
 # `-I -S`: no environment, no site hooks (.pth files, editable-install finders). A bare package module
 # stands in for `sandbox`, so the worker imports only its own modules and never sandbox/__init__.py.
-_BOOT = ("import sys, types; p = types.ModuleType('sandbox'); p.__path__ = [sys.argv[1] + '/sandbox']; "
-         "sys.modules['sandbox'] = p; from sandbox.zygote import main; main(int(sys.argv[2]), sys.argv[3])")
+_BOOT = (
+    "import sys, types; p = types.ModuleType('sandbox'); p.__path__ = [sys.argv[1] + '/sandbox']; "
+    "sys.modules['sandbox'] = p; from sandbox.zygote import main; main(int(sys.argv[2]), sys.argv[3])"
+)
 _BACKSTOP_S = 10.0  # beyond the job's wall budget, before the host gives up on a supervisor
 
 
@@ -79,8 +81,15 @@ class Pool:
     no_namespaces: skip namespaces on purpose (tests of the fallback); implies the unisolated level.
     """
 
-    def __init__(self, max_slots: int = 64, *, allow_unisolated: bool | None = None, no_namespaces: bool = False,
-                 tmp_size_mb: int = 1024, start_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        max_slots: int = 64,
+        *,
+        allow_unisolated: bool | None = None,
+        no_namespaces: bool = False,
+        tmp_size_mb: int = 1024,
+        start_timeout_s: float = 30.0,
+    ) -> None:
         if max_slots < 1:
             raise ValueError("max_slots must be >= 1")
         self.max_slots = max_slots
@@ -145,16 +154,27 @@ class Pool:
     def _start_worker(self) -> IsolationLevel:
         python = os.environ.get(ENV_PYTHON) or sys.executable
         parent = str(Path(__file__).resolve().parent.parent)
-        config = {"max_slots": self.max_slots, "package_parent": parent, "tmp_size_mb": self.tmp_size_mb,
-                  "no_namespaces": self.no_namespaces, "site_packages": _site_packages()}
+        config = {
+            "max_slots": self.max_slots,
+            "package_parent": parent,
+            "tmp_size_mb": self.tmp_size_mb,
+            "no_namespaces": self.no_namespaces,
+            "site_packages": _site_packages(),
+        }
         host_sock, worker_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._log = tempfile.TemporaryFile(prefix="posttrain-sandbox-log-")
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # no host secrets reach the worker
         try:
             self._proc = subprocess.Popen(
                 [python, "-I", "-S", "-c", _BOOT, parent, str(worker_sock.fileno()), json.dumps(config)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log, env=env,
-                pass_fds=[worker_sock.fileno()], start_new_session=True, cwd="/")
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._log,
+                env=env,
+                pass_fds=[worker_sock.fileno()],
+                start_new_session=True,
+                cwd="/",
+            )
         except OSError as exc:
             host_sock.close()
             raise SandboxUnavailable(f"cannot start the sandbox worker with {python}: {exc}") from exc
@@ -186,7 +206,8 @@ class Pool:
                 "no network isolation available (cannot create a network namespace: "
                 f"{self.features.get('namespace_error', 'namespaces disabled')}); refusing to run untrusted code. "
                 f"Pass allow_unisolated=True or set {ENV_ALLOW_UNISOLATED}=1 to run with rlimits only, "
-                "or use the Docker backend.")
+                "or use the Docker backend."
+            )
         self.isolation = level
         return level
 
@@ -293,8 +314,9 @@ class Pool:
                         del flights[fd]
                         os.close(fd)
                         self._give_slot(flight.slot)
-                        verdicts[flight.index] = error_verdict(flight.job, level, "the sandbox supervisor did not "
-                                                               "report in time (killed)")
+                        verdicts[flight.index] = error_verdict(
+                            flight.job, level, "the sandbox supervisor did not report in time (killed)"
+                        )
         finally:
             for fd, flight in flights.items():  # only on an exception: do not leak slots or fds
                 os.close(fd)
@@ -361,8 +383,10 @@ def default_pool(allow_unisolated: bool | None = None) -> Pool:
             pool.start()  # raises SandboxUnavailable when it would be unisolated and that is not allowed
             _default = pool
         elif _default.isolation is not None and not _default.isolation.network_isolated and not allowed:
-            raise SandboxUnavailable("the default sandbox pool runs without network isolation; "
-                                     f"pass allow_unisolated=True or set {ENV_ALLOW_UNISOLATED}=1")
+            raise SandboxUnavailable(
+                "the default sandbox pool runs without network isolation; "
+                f"pass allow_unisolated=True or set {ENV_ALLOW_UNISOLATED}=1"
+            )
         return _default
 
 
@@ -382,8 +406,9 @@ def run(job: Job, *, allow_unisolated: bool | None = None) -> Verdict:
     return default_pool(allow_unisolated).run(job)
 
 
-def run_batch(jobs: Sequence[Job], concurrency: int | None = None, *,
-              allow_unisolated: bool | None = None) -> list[Verdict]:
+def run_batch(
+    jobs: Sequence[Job], concurrency: int | None = None, *, allow_unisolated: bool | None = None
+) -> list[Verdict]:
     """Run many jobs in the shared pool, at most `concurrency` at once; verdicts in input order."""
     return default_pool(allow_unisolated).run_batch(jobs, concurrency)
 

@@ -72,8 +72,14 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         if self.path.rstrip("/") == "/health":
             pool = self.server.pool
-            self._reply(200, {"ok": pool.alive(), "isolation": pool.isolation.value if pool.isolation else None,
-                              "features": pool.features})
+            self._reply(
+                200,
+                {
+                    "ok": pool.alive(),
+                    "isolation": pool.isolation.value if pool.isolation else None,
+                    "features": pool.features,
+                },
+            )
         else:
             self._reply(404, {"error": f"no such endpoint {self.path}; use GET /health or POST /run"})
 
@@ -130,8 +136,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(200, out[0] if single else out)
 
 
-def make_server(host: str, port: int, pool: Pool, concurrency: int | None = None, *,
-                token: str | None = None) -> SandboxServer:
+def make_server(
+    host: str, port: int, pool: Pool, concurrency: int | None = None, *, token: str | None = None
+) -> SandboxServer:
     """A ready-to-serve server (port 0 picks a free port: `server.server_address`). Without a token it may
     only listen on a loopback address."""
     if not token and not is_loopback(host):
@@ -140,14 +147,23 @@ def make_server(host: str, port: int, pool: Pool, concurrency: int | None = None
     return SandboxServer((host, port), pool, concurrency or pool.max_slots, token or None)
 
 
-def serve(host: str = "127.0.0.1", port: int = 8090, concurrency: int | None = None, *,
-          allow_unisolated: bool | None = None, insecure_loopback: bool = False) -> int:
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8090,
+    concurrency: int | None = None,
+    *,
+    allow_unisolated: bool | None = None,
+    insecure_loopback: bool = False,
+) -> int:
     """Serve until SIGTERM/SIGINT. The token comes from `POSTTRAIN_SANDBOX_TOKEN`; without one the server
     starts only with `insecure_loopback` on a loopback host."""
     token = os.environ.get(TOKEN_ENV, "").strip() or None
     if token is None and not (insecure_loopback and is_loopback(host)):
-        print(f"error: {TOKEN_ENV} is not set; the sandbox service refuses to run code for unauthenticated "
-              f"callers (only `--insecure-loopback` on 127.0.0.1 may run without a token)", file=sys.stderr)
+        print(
+            f"error: {TOKEN_ENV} is not set; the sandbox service refuses to run code for unauthenticated "
+            f"callers (only `--insecure-loopback` on 127.0.0.1 may run without a token)",
+            file=sys.stderr,
+        )
         return 2
     concurrency = concurrency or os.cpu_count() or 1
 
@@ -158,10 +174,13 @@ def serve(host: str = "127.0.0.1", port: int = 8090, concurrency: int | None = N
         signal.signal(signal.SIGTERM, stop)
     with Pool(max_slots=concurrency, allow_unisolated=allow_unisolated) as pool:
         server = make_server(host, port, pool, concurrency, token=token)
-        print(f"sandbox serving on http://{server.server_address[0]}:{server.server_address[1]} "
-              f"(isolation: {pool.isolation.value if pool.isolation else '?'}, concurrency {concurrency}, "
-              f"{'token required' if token else 'NO TOKEN (loopback dev server)'})",
-              file=sys.stderr, flush=True)
+        print(
+            f"sandbox serving on http://{server.server_address[0]}:{server.server_address[1]} "
+            f"(isolation: {pool.isolation.value if pool.isolation else '?'}, concurrency {concurrency}, "
+            f"{'token required' if token else 'NO TOKEN (loopback dev server)'})",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             server.serve_forever()
         except KeyboardInterrupt:

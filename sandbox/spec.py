@@ -181,8 +181,7 @@ class TestProgram:
                 raise ValueError(f"TestProgram.{name} must be a string")
         if not self.source.strip():
             raise ValueError("TestProgram.source is empty")
-        if self.entry_point is not None and not (isinstance(self.entry_point, str)
-                                                 and self.entry_point.isidentifier()):
+        if self.entry_point is not None and not (isinstance(self.entry_point, str) and self.entry_point.isidentifier()):
             raise ValueError(f"TestProgram.entry_point must be an identifier, got {self.entry_point!r}")
         for name in ("setup", "source"):
             try:
@@ -258,9 +257,12 @@ class Job:
 
     def request(self) -> dict[str, Any]:
         """What the job process receives: the program, the calls, the test program; never expected values."""
-        return {"program": self.program, "calls": [t.call for t in self.tests],
-                "test_program": self.test_program.to_dict() if self.test_program is not None else None,
-                "limits": self.effective_limits.to_dict()}
+        return {
+            "program": self.program,
+            "calls": [t.call for t in self.tests],
+            "test_program": self.test_program.to_dict() if self.test_program is not None else None,
+            "limits": self.effective_limits.to_dict(),
+        }
 
     @property
     def effective_limits(self) -> Limits:
@@ -280,8 +282,9 @@ class Job:
             raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
         unknown = set(data) - {"id", "program", "tests", "limits", "test_program"}
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: id, program, tests, limits, "
-                             "test_program")
+            raise ValueError(
+                f"{where}: unknown field(s) {sorted(unknown)}; allowed: id, program, tests, limits, test_program"
+            )
         if not isinstance(data.get("program"), str):
             raise ValueError(f"{where}: 'program' must be a string")
         program = None
@@ -360,10 +363,20 @@ class Verdict:
     def from_dict(cls, data: dict[str, Any]) -> Verdict:
         """The inverse of `to_dict` (a verdict that came back from the HTTP service)."""
         return cls(
-            id=str(data["id"]), status=Status(data["status"]), passed=int(data["passed"]), total=int(data["total"]),
-            duration_s=float(data["duration_s"]), stdout=str(data.get("stdout", "")),
-            stderr=str(data.get("stderr", "")), stdout_truncated=bool(data.get("stdout_truncated")),
-            stderr_truncated=bool(data.get("stderr_truncated")), isolation=IsolationLevel(data["isolation"]),
-            detail=str(data.get("detail", "")), exit_code=data.get("exit_code"), signal=data.get("signal"),
-            cases=tuple(CaseResult(int(c["index"]), bool(c["passed"]), str(c.get("detail", "")))
-                        for c in data.get("cases", ())))
+            id=str(data["id"]),
+            status=Status(data["status"]),
+            passed=int(data["passed"]),
+            total=int(data["total"]),
+            duration_s=float(data["duration_s"]),
+            stdout=str(data.get("stdout", "")),
+            stderr=str(data.get("stderr", "")),
+            stdout_truncated=bool(data.get("stdout_truncated")),
+            stderr_truncated=bool(data.get("stderr_truncated")),
+            isolation=IsolationLevel(data["isolation"]),
+            detail=str(data.get("detail", "")),
+            exit_code=data.get("exit_code"),
+            signal=data.get("signal"),
+            cases=tuple(
+                CaseResult(int(c["index"]), bool(c["passed"]), str(c.get("detail", ""))) for c in data.get("cases", ())
+            ),
+        )

@@ -100,18 +100,32 @@ def job_main(out_w: int, err_w: int, res_w: int, req_r: int, ctx: dict[str, Any]
                 close_fds_except(RESULT_FD, TEST_FD)
             else:
                 close_fds_except(RESULT_FD)  # the worker's sockets, other jobs' pipes: none may reach the job
-            isolation.confine(request["limits"], workdir, uid, ctx["drop_caps"], ctx["pidns"], ctx["vm_base"],
-                              ctx.get("nproc_rlimit", True))
+            isolation.confine(
+                request["limits"],
+                workdir,
+                uid,
+                ctx["drop_caps"],
+                ctx["pidns"],
+                ctx["vm_base"],
+                ctx.get("nproc_rlimit", True),
+            )
             if "random" in sys.modules:  # forked from one template: else every job draws the same numbers
                 sys.modules["random"].seed()
         except BaseException:  # noqa: BLE001 - no start frame follows, so the host reports ERROR
             os.write(err_fd, ("sandbox: job setup failed\n" + traceback.format_exc(limit=5)).encode()[-4000:])
             os._exit(127)
         if request["test_program"]:
-            harness.run_test_program(request["program"], TEST_FD, read_test_program, request["nonce"], RESULT_FD,
-                                     request["limits"]["max_result_bytes"])
-        harness.run(request["program"], request["calls"], request["nonce"], RESULT_FD,
-                    request["limits"]["max_result_bytes"])
+            harness.run_test_program(
+                request["program"],
+                TEST_FD,
+                read_test_program,
+                request["nonce"],
+                RESULT_FD,
+                request["limits"]["max_result_bytes"],
+            )
+        harness.run(
+            request["program"], request["calls"], request["nonce"], RESULT_FD, request["limits"]["max_result_bytes"]
+        )
     finally:
         os._exit(126)  # only reached if the program broke the harness itself (no done frame: no pass)
 
@@ -132,9 +146,17 @@ class Supervisor:
             if self.uid is not None:
                 os.chown(self.workdir, self.uid, self.uid)
             test_program = request.get("test_program")
-            head = marshal.dumps({"uid": self.uid, "workdir": self.workdir, "nonce": request["nonce"],
-                                  "program": request["program"], "calls": request["calls"],
-                                  "test_program": test_program is not None, "limits": self.limits})
+            head = marshal.dumps(
+                {
+                    "uid": self.uid,
+                    "workdir": self.workdir,
+                    "nonce": request["nonce"],
+                    "program": request["program"],
+                    "calls": request["calls"],
+                    "test_program": test_program is not None,
+                    "limits": self.limits,
+                }
+            )
             # The test program follows the head and is read only by the test process, after it forked the
             # candidate: candidate code never has the tests (and their expected values) in its memory.
             payload = len(head).to_bytes(4, "big") + head + (marshal.dumps(test_program) if test_program else b"")
@@ -149,8 +171,11 @@ class Supervisor:
         self.child_fds: tuple[int, ...] = (out_w, err_w, res_w, req_r)
         os.set_blocking(self.request_fd, False)
         self.pending = memoryview(payload)
-        self.keep = {self.out_r: self.limits["max_output_bytes"], self.err_r: self.limits["max_output_bytes"],
-                     self.res_r: self.limits["max_result_bytes"]}
+        self.keep = {
+            self.out_r: self.limits["max_output_bytes"],
+            self.err_r: self.limits["max_output_bytes"],
+            self.res_r: self.limits["max_result_bytes"],
+        }
         self.bufs = {fd: bytearray() for fd in self.keep}
         self.seen = dict.fromkeys(self.keep, 0)
         self.open_fds = set(self.keep)
@@ -193,7 +218,7 @@ class Supervisor:
         """Write more of the request; True once it is all written (or the job is gone) and the fd closed."""
         try:
             while self.pending:
-                self.pending = self.pending[os.write(self.request_fd, self.pending):]
+                self.pending = self.pending[os.write(self.request_fd, self.pending) :]
         except BlockingIOError:
             return False
         except OSError:
@@ -217,8 +242,10 @@ class Supervisor:
         if room > 0:
             self.bufs[fd] += chunk[:room]
         if self.status is None:
-            if self.seen[self.out_r] + self.seen[self.err_r] > self.limits["output_kill_bytes"] \
-                    and not self.output_limit:
+            if (
+                self.seen[self.out_r] + self.seen[self.err_r] > self.limits["output_kill_bytes"]
+                and not self.output_limit
+            ):
                 self.output_limit = True
                 self.kill()
             if self.seen[self.res_r] > self.limits["max_result_bytes"] and not self.result_overflow:
@@ -363,15 +390,21 @@ def container_main(request: dict[str, Any]) -> None:
         os.dup2(null, fd)
     isolation.prctl(isolation.PR_SET_DUMPABLE, 0)  # the job (same uid) cannot reach our fds via /proc
     isolation.prepare_worker()
-    ctx = {"work_base": os.getcwd(), "uid_base": None, "drop_caps": False, "pidns": False,
-           "vm_base": isolation.vm_size_bytes() + 16 * 1024 * 1024, "nproc_rlimit": False}
+    ctx = {
+        "work_base": os.getcwd(),
+        "uid_base": None,
+        "drop_caps": False,
+        "pidns": False,
+        "vm_base": isolation.vm_size_bytes() + 16 * 1024 * 1024,
+        "nproc_rlimit": False,
+    }
     try:
         report = run_single(request, ctx)
     except Exception as exc:  # noqa: BLE001
         report = json.dumps({"error": f"container supervisor: {type(exc).__name__}: {exc}"}).encode()
     view = memoryview(report)
     while view:
-        view = view[os.write(report_fd, view):]
+        view = view[os.write(report_fd, view) :]
     os._exit(0)
 
 

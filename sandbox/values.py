@@ -32,7 +32,7 @@ def decode(node: Any, depth: int = 0) -> Any:
         return [decode(x, depth + 1) for x in node]
     if not isinstance(node, dict) or len(node) != 1:
         raise ProtocolError(f"malformed value node {type(node).__name__}")
-    (tag, body), = node.items()
+    ((tag, body),) = node.items()
     if tag == "$f":
         if body not in _SPECIAL_FLOATS:
             raise ProtocolError(f"bad float {body!r}")
@@ -104,8 +104,12 @@ def values_equal(expected: Any, actual: Any, rel_tol: float | None = None, abs_t
     if tolerant and floats and _is_number(expected) and _is_number(actual):
         if math.isnan(expected) or math.isnan(actual):
             return False
-        return math.isclose(expected, actual, rel_tol=rel_tol if rel_tol is not None else 1e-9,
-                            abs_tol=abs_tol if abs_tol is not None else 0.0)
+        return math.isclose(
+            expected,
+            actual,
+            rel_tol=rel_tol if rel_tol is not None else 1e-9,
+            abs_tol=abs_tol if abs_tol is not None else 0.0,
+        )
     try:
         return bool(expected == actual)
     except Exception:
@@ -157,7 +161,7 @@ def from_json(node: Any, depth: int = 0) -> Any:
     if not isinstance(node, dict):
         return node
     if len(node) == 1:
-        (tag, body), = node.items()
+        ((tag, body),) = node.items()
         if tag in _TAGS:
             try:
                 if tag == "__float__":

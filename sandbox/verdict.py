@@ -46,7 +46,7 @@ def parse_results(raw: bytes, nonce: str, total: int) -> ResultStream:
             out.stray_lines += 1
             continue
         try:
-            frame = json.loads(line[len(prefix):], parse_constant=_reject_constant)
+            frame = json.loads(line[len(prefix) :], parse_constant=_reject_constant)
             _apply(out, frame, total)
         except (ValueError, TypeError) as exc:
             out.corrupted = out.corrupted or f"corrupted result stream: {str(exc)[:200]}"
@@ -96,8 +96,19 @@ def _signal_name(sig: int) -> str:
 
 
 def error_verdict(job: Job, level: IsolationLevel, detail: str) -> Verdict:
-    return Verdict(id=job.id, status=Status.ERROR, passed=0, total=len(job.checks), duration_s=0.0, stdout="",
-                   stderr="", stdout_truncated=False, stderr_truncated=False, isolation=level, detail=detail)
+    return Verdict(
+        id=job.id,
+        status=Status.ERROR,
+        passed=0,
+        total=len(job.checks),
+        duration_s=0.0,
+        stdout="",
+        stderr="",
+        stdout_truncated=False,
+        stderr_truncated=False,
+        isolation=level,
+        detail=detail,
+    )
 
 
 def make_verdict(job: Job, report: dict[str, Any], nonce: str, level: IsolationLevel) -> Verdict:
@@ -127,8 +138,9 @@ def make_verdict(job: Job, report: dict[str, Any], nonce: str, level: IsolationL
         elif values_equal(test.expected, got[1], test.rel_tol, test.abs_tol):
             cases.append(CaseResult(i, True, ""))
         else:
-            cases.append(CaseResult(i, False, f"{test.call}: expected {short_repr(test.expected)}, "
-                                              f"got {short_repr(got[1])}"))
+            cases.append(
+                CaseResult(i, False, f"{test.call}: expected {short_repr(test.expected)}, got {short_repr(got[1])}")
+            )
     if stream.corrupted:  # a tampered stream earns nothing, whatever parsed before the damage
         cases = [CaseResult(c.index, False, c.detail or stream.corrupted) for c in cases]
     passed = sum(c.passed for c in cases)
@@ -168,7 +180,18 @@ def make_verdict(job: Job, report: dict[str, Any], nonce: str, level: IsolationL
     if stream.stray_lines:
         detail += f" ({stream.stray_lines} unframed line(s) on the result channel ignored)"
     return Verdict(
-        id=job.id, status=status, passed=passed, total=total, duration_s=float(report.get("wall_s") or 0.0),
-        stdout=report.get("stdout", ""), stderr=stderr, stdout_truncated=bool(report.get("stdout_truncated")),
-        stderr_truncated=bool(report.get("stderr_truncated")), isolation=level, detail=detail,
-        exit_code=exit_code, signal=sig, cases=tuple(cases))
+        id=job.id,
+        status=status,
+        passed=passed,
+        total=total,
+        duration_s=float(report.get("wall_s") or 0.0),
+        stdout=report.get("stdout", ""),
+        stderr=stderr,
+        stdout_truncated=bool(report.get("stdout_truncated")),
+        stderr_truncated=bool(report.get("stderr_truncated")),
+        isolation=level,
+        detail=detail,
+        exit_code=exit_code,
+        signal=sig,
+        cases=tuple(cases),
+    )

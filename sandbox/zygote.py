@@ -59,9 +59,15 @@ def _become_worker(sock: socket.socket, config: dict[str, Any]) -> dict[str, Any
         isolation.set_parent_death_signal()  # the host killed the shim: take the namespace down with us
         # what jobs still need to see: the interpreter and its libraries (not the project: every sandbox
         # module the worker needs is already imported)
-        keep = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable),
-                os.path.dirname(os.path.realpath(sys.executable)), *config.get("site_packages", []),
-                *[p for p in sys.path if p and os.path.isabs(p)]]
+        keep = [
+            sys.prefix,
+            sys.base_prefix,
+            sys.exec_prefix,
+            os.path.dirname(sys.executable),
+            os.path.dirname(os.path.realpath(sys.executable)),
+            *config.get("site_packages", []),
+            *[p for p in sys.path if p and os.path.isabs(p)],
+        ]
         try:
             features.update(isolation.setup_filesystem(keep, int(config.get("tmp_size_mb", 1024))))
         except OSError as exc:
@@ -106,8 +112,7 @@ def main(sock_fd: int, config_json: str) -> None:
     sock = socket.socket(fileno=sock_fd)
     try:
         features = _become_worker(sock, config)
-        ctx: dict[str, Any] = {"work_base": _work_base(features), "uid_base": None, "drop_caps": False,
-                               "pidns": False}
+        ctx: dict[str, Any] = {"work_base": _work_base(features), "uid_base": None, "drop_caps": False, "pidns": False}
         pidns = None
         if features.get("namespaces"):
             try:
@@ -138,8 +143,9 @@ def main(sock_fd: int, config_json: str) -> None:
         if not ctx["pidns"]:
             isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)  # orphans come back to us, not to init
         to_template = _start_template(sock, ctx, pidns)
-        wire.send(sock, {"ready": True, "features": features, "uid_base": ctx["uid_base"],
-                         "work_base": ctx["work_base"]})
+        wire.send(
+            sock, {"ready": True, "features": features, "uid_base": ctx["uid_base"], "work_base": ctx["work_base"]}
+        )
     except BaseException as exc:  # noqa: BLE001
         _log(traceback.format_exc())
         try:
@@ -149,8 +155,9 @@ def main(sock_fd: int, config_json: str) -> None:
     _Worker(sock, to_template, ctx).serve()
 
 
-def _start_template(sock: socket.socket, ctx: dict[str, Any],
-                    pidns: isolation.PidNamespaceFactory | None) -> socket.socket:
+def _start_template(
+    sock: socket.socket, ctx: dict[str, Any], pidns: isolation.PidNamespaceFactory | None
+) -> socket.socket:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for s in (ours, theirs):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
@@ -316,7 +323,7 @@ class _Worker:
         view = self.outgoing[fd]
         try:
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         except BlockingIOError:
             self.outgoing[fd] = view
             return

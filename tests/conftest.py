@@ -23,25 +23,35 @@ REPO = Path(__file__).resolve().parents[1]
 # Airflow reads its configuration when first imported, and test modules import it at collection time: point it
 # at a private AIRFLOW_HOME (SQLite) before anything else does, so tests never touch ~/airflow or `make up`'s.
 _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="posttrain-test-airflow-"))
-os.environ.update({
-    "AIRFLOW_HOME": str(_AIRFLOW_HOME),
-    "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-    # Test-only DAGs live in a second bundle so dag.test() can find and serialize them.
-    "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([
-        {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-         "kwargs": {"path": str(REPO / "dags")}},
-        {"name": "test-dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-         "kwargs": {"path": str(REPO / "tests" / "dags")}},
-    ]),
-    "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME / 'airflow.db'}",
-    "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-    # A retried stage task should not wait the production 30 s in tests.
-    "POSTTRAIN_RETRY_DELAY_S": "1",
-    # A stage retried right after a kill -9 waits for the dead attempt's lease to expire: 5 s here, not 30 s.
-    "POSTTRAIN_LEASE_TTL_S": "5",
-})
+os.environ.update(
+    {
+        "AIRFLOW_HOME": str(_AIRFLOW_HOME),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        # Test-only DAGs live in a second bundle so dag.test() can find and serialize them.
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(
+            [
+                {
+                    "name": "dags-folder",
+                    "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                    "kwargs": {"path": str(REPO / "dags")},
+                },
+                {
+                    "name": "test-dags",
+                    "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                    "kwargs": {"path": str(REPO / "tests" / "dags")},
+                },
+            ]
+        ),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME / 'airflow.db'}",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        # A retried stage task should not wait the production 30 s in tests.
+        "POSTTRAIN_RETRY_DELAY_S": "1",
+        # A stage retried right after a kill -9 waits for the dead attempt's lease to expire: 5 s here, not 30 s.
+        "POSTTRAIN_LEASE_TTL_S": "5",
+    }
+)
 
 
 @pytest.fixture(scope="session")
@@ -67,8 +77,12 @@ def aws_semantics_s3() -> str:
     this server, started as a real process and spoken to with boto3 like the stack's. Returns its endpoint URL.
     """
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     import time
     import urllib.request
@@ -97,12 +111,21 @@ def aws_s3_run_uri(aws_semantics_s3: str, monkeypatch: pytest.MonkeyPatch) -> st
 
     from training import storage
 
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL_S3": aws_semantics_s3}
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_S3": aws_semantics_s3,
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    client = boto3.client("s3", endpoint_url=aws_semantics_s3, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client = boto3.client(
+        "s3",
+        endpoint_url=aws_semantics_s3,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     try:
         client.create_bucket(Bucket="posttrain")
     except client.exceptions.BucketAlreadyOwnedByYou:
@@ -128,8 +151,9 @@ def local_mlflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
     """A migrated Airflow metadata DB (SQLite) in the session's private AIRFLOW_HOME."""
-    res = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True,
-                         env=os.environ.copy())
+    res = subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True, env=os.environ.copy()
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     return _AIRFLOW_HOME
 

@@ -63,11 +63,23 @@ class Engine:
         # Unix socket paths are limited to 108 bytes: pytest's tmp_path is too deep, so a short /tmp folder.
         root = Path(tempfile.mkdtemp(prefix="ptd-", dir="/tmp"))
         log = root / "dockerd.log"
-        argv = ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-                "--pidfile", str(root / "dockerd.pid"), "--host", f"unix://{root / 'docker.sock'}",
-                # No default docker0 bridge (it could clash with a system engine's) and no host firewall edits:
-                # tests use their own user-defined network and reach the host only at its gateway address.
-                "--bridge", "none", "--iptables=false", "--ip-masq=false"]
+        argv = [
+            "dockerd",
+            "--data-root",
+            str(root / "data"),
+            "--exec-root",
+            str(root / "exec"),
+            "--pidfile",
+            str(root / "dockerd.pid"),
+            "--host",
+            f"unix://{root / 'docker.sock'}",
+            # No default docker0 bridge (it could clash with a system engine's) and no host firewall edits:
+            # tests use their own user-defined network and reach the host only at its gateway address.
+            "--bridge",
+            "none",
+            "--iptables=false",
+            "--ip-masq=false",
+        ]
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         engine = cls(f"unix://{root / 'docker.sock'}", root, proc, log)
@@ -117,8 +129,19 @@ class Engine:
 # Top-level names that merged-/usr Debian makes symlinks into /usr; copied as the host has them.
 USR_LINKS = ("bin", "lib", "lib64", "libx32", "lib32")
 # Mount points and scratch folders the skeleton holds (mode 1777 for the temporary ones).
-SKELETON_DIRS = {"usr": 0o755, "etc": 0o755, "proc": 0o555, "sys": 0o555, "dev": 0o755, "run": 0o755,
-                 "root": 0o700, "home": 0o755, "var": 0o755, "tmp": 0o1777, "var/tmp": 0o1777}
+SKELETON_DIRS = {
+    "usr": 0o755,
+    "etc": 0o755,
+    "proc": 0o555,
+    "sys": 0o555,
+    "dev": 0o755,
+    "run": 0o755,
+    "root": 0o700,
+    "home": 0o755,
+    "var": 0o755,
+    "tmp": 0o1777,
+    "var/tmp": 0o1777,
+}
 # /etc files a Python stage needs from the host: the dynamic loader's cache (Debian's multiarch libraries are
 # found through it), and the user and group databases (getpass, pwd). Docker writes hosts and resolv.conf.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "passwd", "group", "nsswitch.conf")
@@ -146,8 +169,9 @@ def _skeleton_tar(out: Path) -> None:
             if host.is_symlink():
                 tar.addfile(entry(name, tarfile.SYMTYPE, 0o777, os.readlink(host)))
             elif host.is_dir():
-                raise EngineUnavailable(f"/{name} is a folder, not a link into /usr: this host's /usr alone "
-                                        "cannot make the stage image")
+                raise EngineUnavailable(
+                    f"/{name} is a folder, not a link into /usr: this host's /usr alone cannot make the stage image"
+                )
         for name in ETC_FILES:
             if (Path("/etc") / name).is_file():
                 tar.add(Path("/etc") / name, arcname=f"etc/{name}")

@@ -30,8 +30,14 @@ def short_run(**changes: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 @contextmanager
-def running_stack(state: Path, *, env: Mapping[str, str | None] = (), services: tuple[str, ...] | None = None,
-                  ports: tuple[str, ...] = ("s3", "mlflow", "airflow"), **stack_args: Any) -> Iterator[Stack]:
+def running_stack(
+    state: Path,
+    *,
+    env: Mapping[str, str | None] = (),
+    services: tuple[str, ...] | None = None,
+    ports: tuple[str, ...] = ("s3", "mlflow", "airflow"),
+    **stack_args: Any,
+) -> Iterator[Stack]:
     """A Stack on free ports under `state`, up (all services, or `services`) with `env` applied first (None
     removes a variable), its client settings in os.environ while it runs; stopped and the environment restored
     on the way out."""

@@ -16,14 +16,23 @@ PROJECT = set(TREES)
 # training/'s wings, lowest first: a module may import its own rank or lower, never higher. The top-level
 # modules are the foundation (configs, storage, tracking) or the stage contract that stages and the CLI share.
 RANKS = {
-    "training.config": 0, "training.storage": 0, "training.storage_backends": 0, "training.tracking": 0,
-    "training.lease": 0, "training.phases": 0, "training.registry": 0, "training.profiles": 0,
+    "training.config": 0,
+    "training.storage": 0,
+    "training.storage_backends": 0,
+    "training.tracking": 0,
+    "training.lease": 0,
+    "training.phases": 0,
+    "training.registry": 0,
+    "training.profiles": 0,
     "training.rewards": 1,
     "training.tasksets": 2,
     "training.modeling": 3,
     "training.rollout": 4,
     "training.environments": 5,
-    "training.stage": 6, "training.checkpointing": 6, "training.cli": 6, "training.cli_storage": 6,
+    "training.stage": 6,
+    "training.checkpointing": 6,
+    "training.cli": 6,
+    "training.cli_storage": 6,
     "training.score_cli": 6,
     "training.evaluation": 7,
     "training.rl": 8,
@@ -125,16 +134,22 @@ def test_every_training_module_has_a_wing_and_no_wing_imports_a_higher_one() -> 
     edges = graph()
     unplaced = sorted(m for m in edges if m.startswith("training.") and rank(m) is None)
     assert unplaced == [], f"modules with no wing in RANKS: {unplaced}"
-    upward = sorted(f"{m} (rank {rank(m)}) imports {t} (rank {rank(t)})"
-                    for m, targets in edges.items() if m.startswith("training.")
-                    for t in targets if t.startswith("training.") and rank(t) > rank(m))  # type: ignore[operator]
+    upward = sorted(
+        f"{m} (rank {rank(m)}) imports {t} (rank {rank(t)})"
+        for m, targets in edges.items()
+        if m.startswith("training.")
+        for t in targets
+        if t.startswith("training.") and rank(t) > rank(m)
+    )  # type: ignore[operator]
     assert upward == []
-    assert not any(t.startswith("training.stages") for m, ts in edges.items()
-                   if m.startswith("training.evaluation") for t in ts)
+    assert not any(
+        t.startswith("training.stages") for m, ts in edges.items() if m.startswith("training.evaluation") for t in ts
+    )
 
 
-def test_below_dags_and_operators_nothing_imports_airflow_and_operators_import_no_training_internals_of_stages(
-) -> None:
+def test_below_dags_and_operators_nothing_imports_airflow_and_operators_import_no_training_internals_of_stages() -> (
+    None
+):
     for m, f in modules().items():
         text = f.read_text()
         if m.startswith(("training", "sandbox")):
@@ -170,11 +185,19 @@ def test_imports_inside_functions_in_training_say_why() -> None:
 
 
 def test_modules_stay_small_and_the_round_step_short() -> None:
-    long = sorted(f"{f.relative_to(ROOT)}: {n}" for f in (ROOT / "training").rglob("*.py")
-                  if (n := len(f.read_text().splitlines())) > 600)
+    long = sorted(
+        f"{f.relative_to(ROOT)}: {n}"
+        for f in (ROOT / "training").rglob("*.py")
+        if (n := len(f.read_text().splitlines())) > 600
+    )
     assert long == []
     assert len((ROOT / "training/stages/rl_round.py").read_text().splitlines()) < 300
     tree = ast.parse((ROOT / "training/rl/round.py").read_text())
-    (step,) = [n for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "Round"
-               for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "step"]
+    (step,) = [
+        n
+        for c in tree.body
+        if isinstance(c, ast.ClassDef) and c.name == "Round"
+        for n in c.body
+        if isinstance(n, ast.FunctionDef) and n.name == "step"
+    ]
     assert step.end_lineno - step.lineno + 1 < 40  # type: ignore[operator]

@@ -57,8 +57,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def save(stage_uri: str, step: int, model: Any, optimizer: Any, tokenizer: Any,
-         extra: dict[str, Any] | None = None, keep_last: int = 0) -> storage.Manifest:
+def save(
+    stage_uri: str,
+    step: int,
+    model: Any,
+    optimizer: Any,
+    tokenizer: Any,
+    extra: dict[str, Any] | None = None,
+    keep_last: int = 0,
+) -> storage.Manifest:
     """Write checkpoint `step` under `stage_uri` (manifest last), then keep only the newest `keep_last`
     complete checkpoints (0 = keep all). `extra` must be torch.save-able. Under torchrun every rank calls it."""
 
@@ -77,8 +84,16 @@ def save(stage_uri: str, step: int, model: Any, optimizer: Any, tokenizer: Any,
         writer.put_dir(tmp_path / "tokenizer", "tokenizer")
         config = getattr(model, "config", None)
         writer.put_json(config.to_dict() if config is not None else {}, "model_config.json")
-        torch.save({"step": step, "model": trainable_state(model), "optimizer": optimizer.state_dict(),
-                    "rng": rng_state(), "extra": extra or {}}, tmp_path / "train_state.pt")
+        torch.save(
+            {
+                "step": step,
+                "model": trainable_state(model),
+                "optimizer": optimizer.state_dict(),
+                "rng": rng_state(),
+                "extra": extra or {},
+            },
+            tmp_path / "train_state.pt",
+        )
         writer.put_file(tmp_path / "train_state.pt", "train_state.pt")
     manifest = writer.commit(extra={"step": step})
     _maybe_crash(stage_uri, step)
@@ -87,8 +102,9 @@ def save(stage_uri: str, step: int, model: Any, optimizer: Any, tokenizer: Any,
     return manifest
 
 
-def _save_sharded(stage_uri: str, step: int, model: Any, optimizer: Any, tokenizer: Any,
-                  extra: dict[str, Any]) -> storage.Manifest:
+def _save_sharded(
+    stage_uri: str, step: int, model: Any, optimizer: Any, tokenizer: Any, extra: dict[str, Any]
+) -> storage.Manifest:
     """The N-rank checkpoint: each rank writes and uploads its own DCP shards and RNG state, rank 0 adds the
     tokenizer, config and train state, lists every rank's files and commits the manifest."""
 
@@ -108,8 +124,16 @@ def _save_sharded(stage_uri: str, step: int, model: Any, optimizer: Any, tokeniz
             writer.put_dir(tmp_path / "tokenizer", "tokenizer")
             config = getattr(distributed.unwrap(model), "config", None)
             writer.put_json(config.to_dict() if config is not None else {}, "model_config.json")
-            torch.save({"step": step, "rng": rng_state(), "extra": extra, "sharded": True,
-                        "world_size": distributed.world_size()}, tmp_path / "train_state.pt")
+            torch.save(
+                {
+                    "step": step,
+                    "rng": rng_state(),
+                    "extra": extra,
+                    "sharded": True,
+                    "world_size": distributed.world_size(),
+                },
+                tmp_path / "train_state.pt",
+            )
             writer.put_file(tmp_path / "train_state.pt", "train_state.pt")
             manifest = writer.commit(extra={"step": step, "world_size": distributed.world_size()})
     committed = distributed.broadcast(manifest)
@@ -158,7 +182,6 @@ def restore(state: dict[str, Any], model: Any, optimizer: Any) -> int:
     A sharded checkpoint loads into the already wrapped (DDP/FSDP) model, on every rank."""
 
     if state.get("sharded"):
-
         distributed.load_sharded(model, optimizer, Path(state["dcp_dir"]))
         set_rng_state(state["rank_rng"])
         return int(state["step"])
@@ -176,7 +199,6 @@ def load(manifest: storage.Manifest, workdir: Path) -> tuple[dict[str, Any], Pat
     storage.fetch(manifest, "train_state.pt", dest / "train_state.pt")
     state = torch.load(dest / "train_state.pt", map_location="cpu", weights_only=False)
     if state.get("sharded"):
-
         state["dcp_dir"] = storage.fetch_dir(manifest, "dcp", dest / "dcp")
         mine = f"rng/rank-{distributed.rank()}.pt"
         rng_file = mine if mine in manifest.files else "rng/rank-0.pt"  # a run resumed on more ranks

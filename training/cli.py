@@ -26,19 +26,27 @@ StageBody = Callable[["StageContext"], "dict[str, Any] | None"]
 # name -> ("module:function" taking (argv, prog) and returning an exit code, one-line help).
 COMMANDS: dict[str, tuple[str, str]] = {
     # pipeline stages, in pipeline order
-    "build-taskset": ("training.stages.build_taskset:cli",
-                      "build the verifiable task set (generate/load, validate, dedup, split)"),
+    "build-taskset": (
+        "training.stages.build_taskset:cli",
+        "build the verifiable task set (generate/load, validate, dedup, split)",
+    ),
     "sft": ("training.stages.sft:cli", "supervised fine-tuning on the task set (response-only loss, packing, resume)"),
-    "rl-round": ("training.stages.rl_round:cli",
-                 "one GRPO round (--round N): rollouts, verifier rewards, policy update"),
+    "rl-round": (
+        "training.stages.rl_round:cli",
+        "one GRPO round (--round N): rollouts, verifier rewards, policy update",
+    ),
     "evaluate": ("training.stages.evaluate:cli", "evaluate candidate, SFT baseline and champion on the holdout"),
     "gate": ("training.stages.gate:cli", "decide promote/block from the evaluation (per-domain intervals)"),
     "promote": ("training.stages.promote:cli", "register the gated candidate, move the `champion` alias"),
     # tools
-    "taskset": ("training.tasksets.check:cli",
-                "task-set tools: `taskset check FILE [--quarantine OUT]` validates task files"),
-    "score": ("training.score_cli:cli",
-              "score completions from any model against a task set: `score --tasks F --completions F [--json]`"),
+    "taskset": (
+        "training.tasksets.check:cli",
+        "task-set tools: `taskset check FILE [--quarantine OUT]` validates task files",
+    ),
+    "score": (
+        "training.score_cli:cli",
+        "score completions from any model against a task set: `score --tasks F --completions F [--json]`",
+    ),
     "sandbox": ("sandbox.cli:main", "run untrusted code against tests in the sandbox (`run`, `serve`, `info`)"),
     "adopt": ("training.cli_storage:adopt_cli", "copy a complete folder (champion, newest task set) into a run"),
     "latest": ("training.cli_storage:latest_cli", "show or move a latest.json pointer"),
@@ -55,8 +63,7 @@ Environment: MLFLOW_TRACKING_URI, AWS_ENDPOINT_URL_S3 and AWS credentials (`make
 
 def _top_help() -> str:
     width = max(len(n) for n in COMMANDS) + 2
-    lines = ["usage: posttrain <command> [options]    (posttrain <command> --help for its options)", "",
-             "commands:"]
+    lines = ["usage: posttrain <command> [options]    (posttrain <command> --help for its options)", "", "commands:"]
     lines += [f"  {name:{width}s}{help_text}" for name, (_, help_text) in COMMANDS.items()]
     return "\n".join(lines) + "\n\n" + EPILOG
 
@@ -65,15 +72,29 @@ def stage_parser(prog: str, description: str, config_cls: type | None = None) ->
     """The arguments every stage takes: --config, --run, --set."""
     doc = (config_cls.__doc__ or "").strip() if config_cls else ""
     parser = argparse.ArgumentParser(
-        prog=prog, description=description, epilog=doc,
+        prog=prog,
+        description=description,
+        epilog=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", default=None,
-                        help="config file (.json/.yaml) or an inline JSON object; defaults apply to missing keys")
-    parser.add_argument("--run", required=True, metavar="RUN_URI",
-                        help="pipeline run URI, e.g. s3://posttrain/runs/2026-12-03 or file:///tmp/runs/r1")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key (dotted for nested), repeatable")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="config file (.json/.yaml) or an inline JSON object; defaults apply to missing keys",
+    )
+    parser.add_argument(
+        "--run",
+        required=True,
+        metavar="RUN_URI",
+        help="pipeline run URI, e.g. s3://posttrain/runs/2026-12-03 or file:///tmp/runs/r1",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key (dotted for nested), repeatable",
+    )
     return parser
 
 
@@ -90,11 +111,18 @@ def run_cli(fn: Callable[[], Any], user_errors: tuple[type[BaseException], ...] 
     return int(rc or 0)
 
 
-def stage_cli(argv: list[str], prog: str, description: str, config_cls: type, stage: str = "",
-              body: StageBody | None = None, *,
-              arguments: Callable[[argparse.ArgumentParser], None] | None = None,
-              bind: Callable[[argparse.Namespace], tuple[str, StageBody]] | None = None,
-              user_errors: tuple[type[BaseException], ...] = ()) -> int:
+def stage_cli(
+    argv: list[str],
+    prog: str,
+    description: str,
+    config_cls: type,
+    stage: str = "",
+    body: StageBody | None = None,
+    *,
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+    bind: Callable[[argparse.Namespace], tuple[str, StageBody]] | None = None,
+    user_errors: tuple[type[BaseException], ...] = (),
+) -> int:
     """The CLI of one stage: parse --config/--run/--set (plus `arguments`), load the config, run the body
     under the stage contract. `bind` names the stage and its body from the parsed arguments when they depend
     on them (rl-round's --round)."""

@@ -32,7 +32,8 @@ def inspect_cli(argv: list[str], prog: str) -> int:
 
 def verify_cli(argv: list[str], prog: str) -> int:
     parser = argparse.ArgumentParser(
-        prog=prog, description="Download every file of a manifested folder and check its size and sha256.")
+        prog=prog, description="Download every file of a manifested folder and check its size and sha256."
+    )
     parser.add_argument("uri")
     args = parser.parse_args(argv)
 
@@ -56,11 +57,16 @@ def verify_cli(argv: list[str], prog: str) -> int:
 def adopt_cli(argv: list[str], prog: str) -> int:
     """Bring a complete folder from elsewhere into this run as one of its stages (verified copy)."""
     parser = argparse.ArgumentParser(
-        prog=prog, description="Copy a complete manifested folder (e.g. the champion model or the newest task "
-                               "set) into --run as stage --as, so later stages read it like their own run's output.")
-    parser.add_argument("--source", required=True,
-                        help="folder URI; a folder holding latest.json (its target is used); or a registry alias "
-                             "as MLflow writes it, models:/<name>@<alias> (e.g. models:/posttrain-tiny@champion)")
+        prog=prog,
+        description="Copy a complete manifested folder (e.g. the champion model or the newest task "
+        "set) into --run as stage --as, so later stages read it like their own run's output.",
+    )
+    parser.add_argument(
+        "--source",
+        required=True,
+        help="folder URI; a folder holding latest.json (its target is used); or a registry alias "
+        "as MLflow writes it, models:/<name>@<alias> (e.g. models:/posttrain-tiny@champion)",
+    )
     parser.add_argument("--as", dest="stage", required=True, help="stage name in this run, e.g. taskset or sft")
     parser.add_argument("--run", required=True, metavar="RUN_URI")
     parser.add_argument("--prefix", default="", help="copy only files under this sub-folder (e.g. model)")
@@ -83,8 +89,11 @@ def adopt_cli(argv: list[str], prog: str) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 for rel in names:
                     writer.put_file(storage.fetch(source, rel, Path(tmp) / "f"), rel)
-            done = writer.commit(config={"adopted_from": source.uri, "prefix": prefix}, parents=[source],
-                                 extra={"summary": {"adopted_from": source.uri, "files": len(names)}})
+            done = writer.commit(
+                config={"adopted_from": source.uri, "prefix": prefix},
+                parents=[source],
+                extra={"summary": {"adopted_from": source.uri, "files": len(names)}},
+            )
         emit(StageResult(args.stage, done.manifest_uri, done.mlflow_run_id, done.extra.get("summary", {})))
         return 0
 
@@ -95,17 +104,20 @@ def _resolve_alias(source: str) -> str:
     if not source.startswith("models:/"):
         return source
 
-    name, _, alias = source[len("models:/"):].partition("@")
+    name, _, alias = source[len("models:/") :].partition("@")
     found = champion(name, alias or "champion")
     if found is None:
-        raise storage.ObjectNotFound(f"{source}: no version of {name!r} has alias {alias or 'champion'!r} yet; "
-                                     f"run the post_training DAG once to promote a first champion")
+        raise storage.ObjectNotFound(
+            f"{source}: no version of {name!r} has alias {alias or 'champion'!r} yet; "
+            f"run the post_training DAG once to promote a first champion"
+        )
     return found.source
 
 
 def latest_cli(argv: list[str], prog: str) -> int:
     parser = argparse.ArgumentParser(
-        prog=prog, description="Show or move the latest.json pointer of a folder (moves only to complete targets).")
+        prog=prog, description="Show or move the latest.json pointer of a folder (moves only to complete targets)."
+    )
     parser.add_argument("pointer_dir", help="e.g. s3://posttrain/tasksets")
     parser.add_argument("--set", dest="target", default=None, help="complete folder to point at")
     args = parser.parse_args(argv)
@@ -118,11 +130,23 @@ def latest_cli(argv: list[str], prog: str) -> int:
             print(f"{args.pointer_dir}: no latest.json")
             return 1
         if args.target:  # the operator's XCom: which folder the pointer now names
-
-            emit(StageResult("latest", current.manifest_uri, current.mlflow_run_id,
-                             {"pointer": storage.join(args.pointer_dir, storage.LATEST)}))
-        print(json.dumps({"pointer": storage.join(args.pointer_dir, storage.LATEST), "uri": current.uri,
-                          "created_at": current.created_at}))
+            emit(
+                StageResult(
+                    "latest",
+                    current.manifest_uri,
+                    current.mlflow_run_id,
+                    {"pointer": storage.join(args.pointer_dir, storage.LATEST)},
+                )
+            )
+        print(
+            json.dumps(
+                {
+                    "pointer": storage.join(args.pointer_dir, storage.LATEST),
+                    "uri": current.uri,
+                    "created_at": current.created_at,
+                }
+            )
+        )
         return 0
 
     return run_cli(go)

@@ -113,8 +113,11 @@ def _gen_rel(generation: int) -> str:
 
 def _gen_keys(loc: storage.Location) -> list[str]:
     """The keys of the stage's generation objects, oldest first (the zero-padded number sorts by name)."""
-    return sorted(k for k in loc.backend.list(loc.key(LEASE_DIR) + "/")
-                  if k.rsplit("/", 1)[-1].startswith("gen-") and k.endswith(".json"))
+    return sorted(
+        k
+        for k in loc.backend.list(loc.key(LEASE_DIR) + "/")
+        if k.rsplit("/", 1)[-1].startswith("gen-") and k.endswith(".json")
+    )
 
 
 def _read_record(loc: storage.Location, key: str) -> LeaseRecord:
@@ -156,8 +159,7 @@ def _create_exclusive(loc: storage.Location, key: str, data: bytes) -> bool:
             backend.client.put_object(Bucket=backend.bucket, Key=key, Body=data, IfNoneMatch="*")
             return True
         except ClientError as err:
-            if err.response.get("Error", {}).get("Code") in {"PreconditionFailed", "412",
-                                                             "ConditionalRequestConflict"}:
+            if err.response.get("Error", {}).get("Code") in {"PreconditionFailed", "412", "ConditionalRequestConflict"}:
                 return False
             raise
     if backend.exists(key):  # any other backend: best effort, the read-back decides
@@ -169,8 +171,9 @@ def _create_exclusive(loc: storage.Location, key: str, data: bytes) -> bool:
 class Lease:
     """The lease of one stage attempt (see the module docstring). Use `hold(stage_uri)`."""
 
-    def __init__(self, stage_uri: str, ttl_s: float | None = None, attempt: str | None = None,
-                 poll_s: float = 1.0) -> None:
+    def __init__(
+        self, stage_uri: str, ttl_s: float | None = None, attempt: str | None = None, poll_s: float = 1.0
+    ) -> None:
         self.stage_uri = stage_uri
         self.loc = storage.locate(stage_uri)
         self.ttl_s = float(ttl_s if ttl_s is not None else default_ttl())
@@ -195,8 +198,18 @@ class Lease:
             return self.current()
 
     def _record(self, now: float, released: bool = False, outcome: str = "") -> LeaseRecord:
-        return LeaseRecord(self.attempt, self.generation, socket.gethostname(), os.getpid(), now, self.ttl_s,
-                           now + self.ttl_s, self.acquired_at, released, outcome)
+        return LeaseRecord(
+            self.attempt,
+            self.generation,
+            socket.gethostname(),
+            os.getpid(),
+            now,
+            self.ttl_s,
+            now + self.ttl_s,
+            self.acquired_at,
+            released,
+            outcome,
+        )
 
     # ----- taking ----------------------------------------------------------------------------------------------
     def acquire(self) -> float:
@@ -210,19 +223,33 @@ class Lease:
                 if time.time() < held.expires_at and waited < self.ttl_s:
                     if not told:
                         told = True
-                        log.info("lease of %s is held by attempt %s (pid %d on %s, generation %d); waiting up to "
-                                 "%.0fs for it to end", self.stage_uri, held.attempt, held.pid, held.host,
-                                 held.generation, self.ttl_s - waited)
+                        log.info(
+                            "lease of %s is held by attempt %s (pid %d on %s, generation %d); waiting up to "
+                            "%.0fs for it to end",
+                            self.stage_uri,
+                            held.attempt,
+                            held.pid,
+                            held.host,
+                            held.generation,
+                            self.ttl_s - waited,
+                        )
                     time.sleep(self.poll_s)
                     continue
-                log.warning("fencing attempt %s of %s (generation %d, %s): it %s", held.attempt, self.stage_uri,
-                            held.generation, f"pid {held.pid} on {held.host}",
-                            "stopped renewing" if time.time() >= held.expires_at
-                            else f"still renews after {self.ttl_s:.0f}s; this retry takes over")
+                log.warning(
+                    "fencing attempt %s of %s (generation %d, %s): it %s",
+                    held.attempt,
+                    self.stage_uri,
+                    held.generation,
+                    f"pid {held.pid} on {held.host}",
+                    "stopped renewing"
+                    if time.time() >= held.expires_at
+                    else f"still renews after {self.ttl_s:.0f}s; this retry takes over",
+                )
             self.generation = (held.generation if held else 0) + 1
             self.acquired_at = time.time()
-            if not _create_exclusive(self.loc, self.loc.key(_gen_rel(self.generation)),
-                                     self._record(self.acquired_at).to_bytes()):
+            if not _create_exclusive(
+                self.loc, self.loc.key(_gen_rel(self.generation)), self._record(self.acquired_at).to_bytes()
+            ):
                 continue  # someone took this generation first: look again
             now_held = self.current()
             if now_held is not None and now_held.attempt == self.attempt and now_held.generation == self.generation:
@@ -248,8 +275,10 @@ class Lease:
         if held is None or held.attempt != self.attempt or held.generation != self.generation or held.released:
             self.lost = True
             who = f"attempt {held.attempt} (generation {held.generation})" if held else "nobody"
-            raise LeaseLost(f"attempt {self.attempt} (generation {self.generation}) lost the lease of "
-                            f"{self.stage_uri} to {who}; stopping before it writes")
+            raise LeaseLost(
+                f"attempt {self.attempt} (generation {self.generation}) lost the lease of "
+                f"{self.stage_uri} to {who}; stopping before it writes"
+            )
 
     def renew(self) -> None:
         with self._write_lock:
@@ -283,8 +312,10 @@ class Lease:
                 self._check()
             except LeaseLost:
                 return
-            self.loc.backend.put_bytes(self._record(time.time(), released=True, outcome=outcome).to_bytes(),
-                                       self.loc.key(_gen_rel(self.generation)))
+            self.loc.backend.put_bytes(
+                self._record(time.time(), released=True, outcome=outcome).to_bytes(),
+                self.loc.key(_gen_rel(self.generation)),
+            )
 
 
 @contextmanager
@@ -293,8 +324,13 @@ def hold(stage_uri: str, ttl_s: float | None = None) -> Iterator[Lease]:
     background, checked before every storage write under `stage_uri`, released at the end."""
     lease = Lease(stage_uri, ttl_s)
     waited = lease.acquire()
-    log.info("[lease] attempt %s holds %s (generation %d%s)", lease.attempt, stage_uri, lease.generation,
-             f", after waiting {waited:.1f}s" if waited >= 0.5 else "")
+    log.info(
+        "[lease] attempt %s holds %s (generation %d%s)",
+        lease.attempt,
+        stage_uri,
+        lease.generation,
+        f", after waiting {waited:.1f}s" if waited >= 0.5 else "",
+    )
     lease.start()
     unguard = storage.guard_writes(stage_uri, lease.check)
     outcome = "complete"

@@ -25,17 +25,26 @@ import json
 from typing import Any
 
 TINY: dict[str, dict[str, Any]] = {
-    "taskset": {"counts": {"math": 3000, "code": 600, "extraction": 400, "instruction": 400},
-                "difficulties": [1, 2],
-                "domain_difficulties": {"code": [4, 5], "extraction": [3, 4], "instruction": [1, 2, 3, 4]},
-                "mix": {"math": 0.65, "code": 0.15, "extraction": 0.1, "instruction": 0.1}, "mix_tolerance": 0.1},
+    "taskset": {
+        "counts": {"math": 3000, "code": 600, "extraction": 400, "instruction": 400},
+        "difficulties": [1, 2],
+        "domain_difficulties": {"code": [4, 5], "extraction": [3, 4], "instruction": [1, 2, 3, 4]},
+        "mix": {"math": 0.65, "code": 0.15, "extraction": 0.1, "instruction": 0.1},
+        "mix_tolerance": 0.1,
+    },
     "sft": {"max_steps": 450, "min_lr_ratio": 1.0, "checkpoint_every": 100, "long_context_share": 0.1},
-    "rl_round": {"steps": 150, "checkpoint_every": 25, "lr": 2e-4, "prompts_per_step": 32,
-                 "samples_per_prompt": 8, "beta": 0.01,
-                 # every micro-batch packed, as when the lift test's figures were measured (choosing the
-                 # cheaper layout changes the update's float rounding, and the tiny run is sensitive to it)
-                 "pack_where_cheaper": False,
-                 "domain_weights": {"math": 0.5, "code": 0.3, "extraction": 0.1, "instruction": 0.1}},
+    "rl_round": {
+        "steps": 150,
+        "checkpoint_every": 25,
+        "lr": 2e-4,
+        "prompts_per_step": 32,
+        "samples_per_prompt": 8,
+        "beta": 0.01,
+        # every micro-batch packed, as when the lift test's figures were measured (choosing the
+        # cheaper layout changes the update's float rounding, and the tiny run is sensitive to it)
+        "pack_where_cheaper": False,
+        "domain_weights": {"math": 0.5, "code": 0.3, "extraction": 0.1, "instruction": 0.1},
+    },
     "evaluate": {"max_tasks_per_domain": 200},
 }
 
@@ -60,29 +69,67 @@ CHAT_INSTRUCTIONS = {
     "math": "Please reason step by step, and put your final answer within \\boxed{}.",
     "code": "Write the complete Python function in one ```python code block.",
 }
-_SFT_COMMON = {"max_seq_len": 1024, "batch_size": 16, "max_steps": 500, "warmup_steps": 20, "min_lr_ratio": 0.1,
-               "weight_decay": 0.0, "checkpoint_every": 100, "gradient_checkpointing": True,
-               "chat": {"system_prompt": "", "instructions": CHAT_INSTRUCTIONS}}
-_RL_COMMON = {"steps": 100, "prompts_per_step": 32, "samples_per_prompt": 8, "max_new_tokens": 512,
-              "temperature": 1.0, "beta": 0.001, "checkpoint_every": 10, "rollout_engine": "auto",
-              "gradient_checkpointing": True, "micro_batch_size": 16}
-_EVAL_COMMON = {"max_new_tokens": 512, "n_samples": 4, "ks": [1, 4], "max_tasks_per_domain": 200,
-                "batch_size": 64, "distractor_tokens": 512, "rollout_engine": "auto"}
+_SFT_COMMON = {
+    "max_seq_len": 1024,
+    "batch_size": 16,
+    "max_steps": 500,
+    "warmup_steps": 20,
+    "min_lr_ratio": 0.1,
+    "weight_decay": 0.0,
+    "checkpoint_every": 100,
+    "gradient_checkpointing": True,
+    "chat": {"system_prompt": "", "instructions": CHAT_INSTRUCTIONS},
+}
+_RL_COMMON = {
+    "steps": 100,
+    "prompts_per_step": 32,
+    "samples_per_prompt": 8,
+    "max_new_tokens": 512,
+    "temperature": 1.0,
+    "beta": 0.001,
+    "checkpoint_every": 10,
+    "rollout_engine": "auto",
+    "gradient_checkpointing": True,
+    "micro_batch_size": 16,
+}
+_EVAL_COMMON = {
+    "max_new_tokens": 512,
+    "n_samples": 4,
+    "ks": [1, 4],
+    "max_tasks_per_domain": 200,
+    "batch_size": 64,
+    "distractor_tokens": 512,
+    "rollout_engine": "auto",
+}
 PRETRAINED_TIERS: dict[str, dict[str, dict[str, Any]]] = {
     # <= 1.5B (Qwen2.5-0.5B/1.5B-Instruct, Llama-3.2-1B-Instruct): full fine-tuning.
-    "1.5B": {"sft": {**_SFT_COMMON, "lr": 2e-5},                                   # [TRL-SFT]
-             "rl_round": {**_RL_COMMON, "lr": 1e-6},                               # [TRL-GRPO], [DSMath], [verl]
-             "evaluate": dict(_EVAL_COMMON)},
+    "1.5B": {
+        "sft": {**_SFT_COMMON, "lr": 2e-5},  # [TRL-SFT]
+        "rl_round": {**_RL_COMMON, "lr": 1e-6},  # [TRL-GRPO], [DSMath], [verl]
+        "evaluate": dict(_EVAL_COMMON),
+    },
     # <= 3B (Qwen2.5-3B-Instruct, Llama-3.2-3B-Instruct): full fine-tuning, a lower SFT rate.
-    "3B": {"sft": {**_SFT_COMMON, "lr": 1e-5, "batch_size": 8},                    # between [TRL-SFT] and [Tulu3]
-           "rl_round": {**_RL_COMMON, "lr": 1e-6, "micro_batch_size": 8},          # [TRL-GRPO], [DSMath]
-           "evaluate": {**_EVAL_COMMON, "batch_size": 32}},
+    "3B": {
+        "sft": {**_SFT_COMMON, "lr": 1e-5, "batch_size": 8},  # between [TRL-SFT] and [Tulu3]
+        "rl_round": {**_RL_COMMON, "lr": 1e-6, "micro_batch_size": 8},  # [TRL-GRPO], [DSMath]
+        "evaluate": {**_EVAL_COMMON, "batch_size": 32},
+    },
     # <= 8B (Qwen2.5-7B-Instruct, Llama-3.1-8B-Instruct): LoRA on all linear layers.
-    "8B": {"sft": {**_SFT_COMMON, "lr": 2e-4, "batch_size": 8,                     # [QLoRA]
-                   "lora": {"enabled": True, "r": 16, "alpha": 32, "target_modules": "all-linear"}},
-           "rl_round": {**_RL_COMMON, "lr": 1e-5, "micro_batch_size": 4,           # [LoRA-RL]: 10x [TRL-GRPO]
-                        "lora": {"enabled": True, "r": 16, "alpha": 32, "target_modules": "all-linear"}},
-           "evaluate": {**_EVAL_COMMON, "batch_size": 16}},
+    "8B": {
+        "sft": {
+            **_SFT_COMMON,
+            "lr": 2e-4,
+            "batch_size": 8,  # [QLoRA]
+            "lora": {"enabled": True, "r": 16, "alpha": 32, "target_modules": "all-linear"},
+        },
+        "rl_round": {
+            **_RL_COMMON,
+            "lr": 1e-5,
+            "micro_batch_size": 4,  # [LoRA-RL]: 10x [TRL-GRPO]
+            "lora": {"enabled": True, "r": 16, "alpha": 32, "target_modules": "all-linear"},
+        },
+        "evaluate": {**_EVAL_COMMON, "batch_size": 16},
+    },
 }
 
 

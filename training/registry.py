@@ -44,8 +44,14 @@ def champion(name: str = DEFAULT_MODEL_NAME, alias: str = CHAMPION) -> Champion 
     return Champion(name, str(mv.version), mv.source, mv.run_id)
 
 
-def promote(checkpoint_uri: str, name: str = DEFAULT_MODEL_NAME, run_id: str | None = None,
-            tags: dict[str, str] | None = None, alias: str = CHAMPION, model_id: str | None = None) -> Champion:
+def promote(
+    checkpoint_uri: str,
+    name: str = DEFAULT_MODEL_NAME,
+    run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+    alias: str = CHAMPION,
+    model_id: str | None = None,
+) -> Champion:
     """Register `checkpoint_uri` as a new version of `name` (from run `run_id` and its LoggedModel `model_id`)
     and move `alias` to it.
 
@@ -61,8 +67,7 @@ def promote(checkpoint_uri: str, name: str = DEFAULT_MODEL_NAME, run_id: str | N
         client.create_registered_model(name, description="Promoted by the posttrain pipeline's gate.")
     existing = [mv for mv in client.search_model_versions(f"name = '{name}'") if mv.source == checkpoint_uri]
     tags = {**(tags or {}), **({"posttrain.logged_model_id": model_id} if model_id else {})}
-    mv = existing[0] if existing else client.create_model_version(name, source=checkpoint_uri, run_id=run_id,
-                                                                  tags=tags)
+    mv = existing[0] if existing else client.create_model_version(name, source=checkpoint_uri, run_id=run_id, tags=tags)
     if existing:
         for key, value in tags.items():
             client.set_model_version_tag(name, mv.version, key, value)

@@ -62,15 +62,25 @@ def score_file(tasks_path: Path, completions_path: Path, **options: Any) -> dict
     pairs = read_completions(completions_path)
     unknown = sorted({i for i, _ in pairs if i not in by_id})
     if unknown:
-        raise BadInput(f"{completions_path}: {len(unknown)} completion(s) name tasks not in {tasks_path}: "
-                       f"{', '.join(unknown[:5])}")
+        raise BadInput(
+            f"{completions_path}: {len(unknown)} completion(s) name tasks not in {tasks_path}: {', '.join(unknown[:5])}"
+        )
     tasks = [by_id[i] for i, _ in pairs]
     texts = [c for _, c in pairs]
     scores = score_tasks(tasks, texts, **options)
     strict = verify_tasks(tasks, texts, strict=True, **options)
-    rows = [{"id": t.id, "domain": t.domain, "verifier": t.verifier, "reward": r, "passed": p, "strict": s,
-             "components": {name: values[i] for name, values in scores.components.items() if values[i] is not None}}
-            for i, (t, r, p, s) in enumerate(zip(tasks, scores, scores.passed, strict))]
+    rows = [
+        {
+            "id": t.id,
+            "domain": t.domain,
+            "verifier": t.verifier,
+            "reward": r,
+            "passed": p,
+            "strict": s,
+            "components": {name: values[i] for name, values in scores.components.items() if values[i] is not None},
+        }
+        for i, (t, r, p, s) in enumerate(zip(tasks, scores, scores.passed, strict))
+    ]
     domains: dict[str, dict[str, Any]] = defaultdict(lambda: {"rows": 0, "passed": 0, "strict": 0, "reward": 0.0})
     for row in rows:
         d = domains[row["domain"]]
@@ -78,18 +88,33 @@ def score_file(tasks_path: Path, completions_path: Path, **options: Any) -> dict
         d["passed"] += int(row["passed"])
         d["strict"] += int(row["strict"])
         d["reward"] += row["reward"]
-    summary = {name: {"rows": d["rows"], "pass_rate": d["passed"] / d["rows"],
-                      "strict_pass_rate": d["strict"] / d["rows"], "mean_reward": d["reward"] / d["rows"]}
-               for name, d in sorted(domains.items())}
-    return {"tasks": str(tasks_path), "completions": str(completions_path), "rows": rows, "domains": summary,
-            "unscored_tasks": len(by_id) - len({i for i, _ in pairs})}
+    summary = {
+        name: {
+            "rows": d["rows"],
+            "pass_rate": d["passed"] / d["rows"],
+            "strict_pass_rate": d["strict"] / d["rows"],
+            "mean_reward": d["reward"] / d["rows"],
+        }
+        for name, d in sorted(domains.items())
+    }
+    return {
+        "tasks": str(tasks_path),
+        "completions": str(completions_path),
+        "rows": rows,
+        "domains": summary,
+        "unscored_tasks": len(by_id) - len({i for i, _ in pairs}),
+    }
 
 
 def cli(argv: list[str], prog: str = "posttrain score") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", required=True, type=Path, help="task file (.jsonl/.parquet, as build-taskset "
-                                                                  "writes or `taskset check` accepts)")
-    parser.add_argument("--completions", required=True, type=Path, help="JSONL: {\"id\", \"completion\"} per line")
+    parser.add_argument(
+        "--tasks",
+        required=True,
+        type=Path,
+        help="task file (.jsonl/.parquet, as build-taskset writes or `taskset check` accepts)",
+    )
+    parser.add_argument("--completions", required=True, type=Path, help='JSONL: {"id", "completion"} per line')
     parser.add_argument("--json", action="store_true", help="print every row and the per-domain summary as JSON")
     args = parser.parse_args(argv)
     try:

@@ -63,9 +63,18 @@ class StageResult:
     skipped: bool = False
 
     def to_json(self) -> str:
-        return json.dumps({"stage": self.stage, "manifest_uri": self.manifest_uri,
-                           "mlflow_run_id": self.mlflow_run_id, "mlflow_experiment_id": self.mlflow_experiment_id,
-                           "summary": self.summary, "skipped": self.skipped}, sort_keys=True, default=str)
+        return json.dumps(
+            {
+                "stage": self.stage,
+                "manifest_uri": self.manifest_uri,
+                "mlflow_run_id": self.mlflow_run_id,
+                "mlflow_experiment_id": self.mlflow_experiment_id,
+                "summary": self.summary,
+                "skipped": self.skipped,
+            },
+            sort_keys=True,
+            default=str,
+        )
 
 
 @dataclass
@@ -102,8 +111,12 @@ class StageContext:
         manifest = self.input("taskset")
         tasks = load_stage_tasks(manifest, split, self.workdir)
         name = f"{split}.parquet"
-        self.mlflow.log_dataset(storage.join(manifest.uri, name), f"taskset-{split}", manifest.files[name].sha256,
-                                context=DATASET_CONTEXTS.get(split, split))
+        self.mlflow.log_dataset(
+            storage.join(manifest.uri, name),
+            f"taskset-{split}",
+            manifest.files[name].sha256,
+            context=DATASET_CONTEXTS.get(split, split),
+        )
         return tasks
 
     def add_parent(self, manifest: storage.Manifest) -> None:
@@ -145,9 +158,11 @@ def setup_logging() -> None:
     if not logging.getLogger().handlers:
         # Under torchrun only rank 0 tells the story; the other ranks report warnings and errors, marked.
         rank = int(os.environ.get("RANK", "0"))
-        logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,
-                            format="%(asctime)s %(levelname)s %(name)s" + (f"[rank {rank}]" if rank else "")
-                                   + ": %(message)s")
+        logging.basicConfig(
+            level=logging.INFO if rank == 0 else logging.WARNING,
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s" + (f"[rank {rank}]" if rank else "") + ": %(message)s",
+        )
 
 
 def emit(result: StageResult) -> None:
@@ -159,7 +174,7 @@ def parse_result(output: str | list[str]) -> dict[str, Any] | None:
     found = None
     for line in output.splitlines() if isinstance(output, str) else output:
         if line.startswith(RESULT_PREFIX):
-            found = json.loads(line[len(RESULT_PREFIX):])
+            found = json.loads(line[len(RESULT_PREFIX) :])
     return found
 
 
@@ -185,8 +200,14 @@ def run_stage(
 
 def _skipped(stage: str, done: storage.Manifest, report: bool = True) -> StageResult:
     log.info("[%s] already complete at %s (created %s); skipping", stage, done.manifest_uri, done.created_at)
-    result = StageResult(stage, done.manifest_uri, done.mlflow_run_id, done.extra.get("summary", {}),
-                         done.extra.get("mlflow_experiment_id"), skipped=True)
+    result = StageResult(
+        stage,
+        done.manifest_uri,
+        done.mlflow_run_id,
+        done.extra.get("summary", {}),
+        done.extra.get("mlflow_experiment_id"),
+        skipped=True,
+    )
     if report:
         emit(result)
     return result
@@ -211,8 +232,9 @@ def _run_body(
             if any(rel.startswith(MODEL_PREFIX) for rel in ctx.writer.files):
                 # Before the commit, so the manifest names it (promote links the registry version to it).
                 extra["mlflow_model_id"] = mlrun.log_output_model(stage, ctx.stage_uri)
-            manifest = ctx.writer.commit(config=config.to_dict(), parents=ctx.parents,
-                                         mlflow_run_id=mlrun.run_id, extra=extra)
+            manifest = ctx.writer.commit(
+                config=config.to_dict(), parents=ctx.parents, mlflow_run_id=mlrun.run_id, extra=extra
+            )
         mlrun.set_tags({"posttrain.manifest_uri": manifest.manifest_uri})
         mlrun.log_metrics({"stage_seconds": time.monotonic() - started})
     log.info("[%s] complete: %s (%.1fs)", stage, manifest.manifest_uri, time.monotonic() - started)
@@ -264,15 +286,25 @@ def _run_ranked_body(
     from training.modeling import distributed  # inside: imports torch (operators import this module)
 
     started = time.monotonic()
-    tracked = (tracking.stage_run(run_id_of(run_uri), stage) if main
-               else contextlib.nullcontext(cast(tracking.StageRun, distributed.SilentRun())))
+    tracked = (
+        tracking.stage_run(run_id_of(run_uri), stage)
+        if main
+        else contextlib.nullcontext(cast(tracking.StageRun, distributed.SilentRun()))
+    )
     with tracked as mlrun:
-        log.info("[%s] MLflow run %s; %d ranks", stage, tracking.run_url(mlrun.run_id, mlrun.experiment_id),
-                 distributed.world_size())
+        log.info(
+            "[%s] MLflow run %s; %d ranks",
+            stage,
+            tracking.run_url(mlrun.run_id, mlrun.experiment_id),
+            distributed.world_size(),
+        )
         mlrun.log_params(config.to_dict())
         with tempfile.TemporaryDirectory(prefix=f"posttrain-{stage}-") as work:
-            writer = (storage.ManifestWriter(stage_uri) if main
-                      else cast(storage.ManifestWriter, distributed.DiscardingWriter(stage_uri)))
+            writer = (
+                storage.ManifestWriter(stage_uri)
+                if main
+                else cast(storage.ManifestWriter, distributed.DiscardingWriter(stage_uri))
+            )
             ctx = StageContext(run_uri, stage, config, Path(work), writer, mlrun)
             error: BaseException | None = None
             try:
@@ -284,11 +316,19 @@ def _run_ranked_body(
             if error is not None:
                 raise error
             if failed:
-                raise RuntimeError(f"[{stage}] rank(s) {failed} failed (see their log); rank "
-                                   f"{distributed.rank()} stops too")
-            committed = ctx.writer.commit(
-                config=config.to_dict(), parents=ctx.parents, mlflow_run_id=mlrun.run_id,
-                extra={"summary": summary, "mlflow_experiment_id": mlrun.experiment_id}) if main else None
+                raise RuntimeError(
+                    f"[{stage}] rank(s) {failed} failed (see their log); rank {distributed.rank()} stops too"
+                )
+            committed = (
+                ctx.writer.commit(
+                    config=config.to_dict(),
+                    parents=ctx.parents,
+                    mlflow_run_id=mlrun.run_id,
+                    extra={"summary": summary, "mlflow_experiment_id": mlrun.experiment_id},
+                )
+                if main
+                else None
+            )
             manifest = distributed.broadcast(committed)
             assert manifest is not None
         mlrun.set_tags({"posttrain.manifest_uri": manifest.manifest_uri})

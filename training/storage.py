@@ -121,8 +121,9 @@ def git_revision() -> str:
     if rev := os.environ.get("POSTTRAIN_GIT_REV"):
         return rev
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -175,9 +176,13 @@ class Manifest:
         if raw.get("format") != MANIFEST_FORMAT:
             raise StorageError(f"{where}: manifest format {raw.get('format')!r}, expected {MANIFEST_FORMAT}")
         return cls(
-            uri=raw.get("uri", where), files=files, config=raw.get("config", {}),
-            parents=raw.get("parents", []), git_rev=raw.get("git_rev", "unknown"),
-            mlflow_run_id=raw.get("mlflow_run_id"), created_at=raw.get("created_at", ""),
+            uri=raw.get("uri", where),
+            files=files,
+            config=raw.get("config", {}),
+            parents=raw.get("parents", []),
+            git_rev=raw.get("git_rev", "unknown"),
+            mlflow_run_id=raw.get("mlflow_run_id"),
+            created_at=raw.get("created_at", ""),
             extra=raw.get("extra", {}),
         )
 
@@ -324,7 +329,7 @@ def fetch_dir(manifest: Manifest, rel_prefix: str, dest_dir: Path | str) -> Path
     if not names:
         raise ObjectNotFound(f"nothing under {join(manifest.uri, prefix)} in {manifest.manifest_uri}")
     for rel in names:
-        fetch(manifest, rel, dest_dir / (rel[len(prefix):].lstrip("/") if prefix else rel))
+        fetch(manifest, rel, dest_dir / (rel[len(prefix) :].lstrip("/") if prefix else rel))
     return dest_dir
 
 
@@ -343,8 +348,11 @@ def set_latest(pointer_dir: str, target_uri: str) -> None:
     manifest = require_manifest(target_uri, "latest target")
     loc = locate(pointer_dir)
     _before_write(loc.uri)
-    body = {"uri": manifest.uri, "created_at": manifest.created_at,
-            "updated_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    body = {
+        "uri": manifest.uri,
+        "created_at": manifest.created_at,
+        "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
     loc.backend.put_bytes(json.dumps(body).encode(), loc.key(LATEST))
 
 
@@ -412,4 +420,4 @@ def iter_files(uri: str) -> Iterator[str]:
     loc = locate(uri)
     base = loc.key()
     for key in loc.backend.list(base + "/" if base else ""):
-        yield key[len(base):].lstrip("/") if base else key
+        yield key[len(base) :].lstrip("/") if base else key

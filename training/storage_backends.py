@@ -53,8 +53,17 @@ def _is_transient(err: BaseException) -> bool:
     # A body cut short (ResponseStreamingError, IncompleteReadError) is retried as a whole GET: botocore retries
     # the request but not the read of its body. s3rver, the embedded stack's S3, also produces one when an
     # object is read while it is being rewritten (it truncates before writing).
-    if isinstance(err, (BotoConnectionError, ReadTimeoutError, ResponseStreamingError, IncompleteReadError,
-                        ConnectionError, TimeoutError)):
+    if isinstance(
+        err,
+        (
+            BotoConnectionError,
+            ReadTimeoutError,
+            ResponseStreamingError,
+            IncompleteReadError,
+            ConnectionError,
+            TimeoutError,
+        ),
+    ):
         return True
     if isinstance(err, ClientError):
         code = err.response.get("Error", {}).get("Code", "")
@@ -78,9 +87,15 @@ class RetryPolicy:
             except Exception as err:  # noqa: BLE001 - filtered by _is_transient
                 if attempt == self.attempts or not _is_transient(err):
                     raise
-                delay = random.uniform(0, min(self.cap_s, self.base_s * 2 ** attempt))
-                log.warning("storage: %s failed (%s); retry %d/%d in %.2fs",
-                            what, type(err).__name__, attempt, self.attempts - 1, delay)
+                delay = random.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
+                log.warning(
+                    "storage: %s failed (%s); retry %d/%d in %.2fs",
+                    what,
+                    type(err).__name__,
+                    attempt,
+                    self.attempts - 1,
+                    delay,
+                )
                 time.sleep(delay)
         raise AssertionError("unreachable")
 
@@ -150,9 +165,7 @@ class FileBackend:
         if not base.is_dir():
             return []
         return sorted(
-            str(p.relative_to(self.root))
-            for p in base.rglob("*")
-            if p.is_file() and not p.name.endswith(".partial")
+            str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file() and not p.name.endswith(".partial")
         )
 
     def delete(self, key: str) -> None:
@@ -181,8 +194,12 @@ class S3Backend:
             "s3",
             endpoint_url=endpoint,
             # Our RetryPolicy owns retries so that whole transfers, not only single requests, are retried.
-            config=Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=60,
-                          s3={"addressing_style": "path"} if endpoint else {}),
+            config=Config(
+                retries={"max_attempts": 2, "mode": "standard"},
+                connect_timeout=5,
+                read_timeout=60,
+                s3={"addressing_style": "path"} if endpoint else {},
+            ),
         )
         self.transfer = TransferConfig(
             multipart_threshold=multipart_threshold,
@@ -191,24 +208,31 @@ class S3Backend:
         )
 
     def put_file(self, local: Path, key: str) -> None:
-        self.retry.call(lambda: self.client.upload_file(str(local), self.bucket, key, Config=self.transfer),
-                        f"upload s3://{self.bucket}/{key}")
+        self.retry.call(
+            lambda: self.client.upload_file(str(local), self.bucket, key, Config=self.transfer),
+            f"upload s3://{self.bucket}/{key}",
+        )
 
     def put_bytes(self, data: bytes, key: str) -> None:
-        self.retry.call(lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=data),
-                        f"put s3://{self.bucket}/{key}")
+        self.retry.call(
+            lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=data), f"put s3://{self.bucket}/{key}"
+        )
 
     def _not_found(self, err: Exception, key: str) -> bool:
         from botocore.exceptions import ClientError
 
         return isinstance(err, ClientError) and err.response.get("Error", {}).get("Code") in {
-            "404", "NoSuchKey", "NotFound"}
+            "404",
+            "NoSuchKey",
+            "NotFound",
+        }
 
     def get_file(self, key: str, local: Path) -> None:
         try:
             self.retry.call(
                 lambda: self.client.download_file(self.bucket, key, str(local), Config=self.transfer),
-                f"download s3://{self.bucket}/{key}")
+                f"download s3://{self.bucket}/{key}",
+            )
         except Exception as err:
             if self._not_found(err, key):
                 raise ObjectNotFound(f"s3://{self.bucket}/{key} does not exist") from err
@@ -218,7 +242,8 @@ class S3Backend:
         try:
             return self.retry.call(
                 lambda: self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read(),
-                f"get s3://{self.bucket}/{key}")
+                f"get s3://{self.bucket}/{key}",
+            )
         except Exception as err:
             if self._not_found(err, key):
                 raise ObjectNotFound(f"s3://{self.bucket}/{key} does not exist") from err
@@ -226,8 +251,9 @@ class S3Backend:
 
     def exists(self, key: str) -> bool:
         try:
-            self.retry.call(lambda: self.client.head_object(Bucket=self.bucket, Key=key),
-                            f"head s3://{self.bucket}/{key}")
+            self.retry.call(
+                lambda: self.client.head_object(Bucket=self.bucket, Key=key), f"head s3://{self.bucket}/{key}"
+            )
             return True
         except Exception as err:
             if self._not_found(err, key):
@@ -245,8 +271,9 @@ class S3Backend:
         return self.retry.call(_list, f"list s3://{self.bucket}/{prefix}")
 
     def delete(self, key: str) -> None:
-        self.retry.call(lambda: self.client.delete_object(Bucket=self.bucket, Key=key),
-                        f"delete s3://{self.bucket}/{key}")
+        self.retry.call(
+            lambda: self.client.delete_object(Bucket=self.bucket, Key=key), f"delete s3://{self.bucket}/{key}"
+        )
 
     def abort_incomplete_uploads(self, prefix: str = "") -> int:
         """Abort multipart uploads left by killed writers (they are invisible to readers, but cost space).

@@ -101,7 +101,7 @@ class StageRun:
         existing = self.client.get_run(self.run_id).data.params
         fresh = [Param(k, v) for k, v in flat.items() if k not in existing]
         for i in range(0, len(fresh), 100):
-            self.client.log_batch(self.run_id, params=fresh[i:i + 100])
+            self.client.log_batch(self.run_id, params=fresh[i : i + 100])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         import time as _time
@@ -167,11 +167,19 @@ class StageRun:
         from mlflow.entities import LoggedModelOutput
 
         found = self.client.search_logged_models(
-            [self.experiment_id], filter_string=f"source_run_id = '{self.run_id}' AND name = '{name}'",
-            max_results=1)
-        model = found[0] if found else self.client.create_logged_model(
-            self.experiment_id, name=name, source_run_id=self.run_id,
-            tags={"posttrain.checkpoint_uri": checkpoint_uri}, model_type="posttrain-checkpoint")
+            [self.experiment_id], filter_string=f"source_run_id = '{self.run_id}' AND name = '{name}'", max_results=1
+        )
+        model = (
+            found[0]
+            if found
+            else self.client.create_logged_model(
+                self.experiment_id,
+                name=name,
+                source_run_id=self.run_id,
+                tags={"posttrain.checkpoint_uri": checkpoint_uri},
+                model_type="posttrain-checkpoint",
+            )
+        )
         self.client.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step)])
         self.client.finalize_logged_model(model.model_id, "READY")
         return model.model_id
@@ -231,14 +239,22 @@ def pipeline_run_id(run_id: str, experiment: str = DEFAULT_EXPERIMENT) -> str:
 
 
 def _find_pipeline_run(client, exp_id: str, run_id: str):
-    found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_TAG}` = '{run_id}' "
-                               f"and tags.`{STAGE_TAG}` = 'pipeline'", max_results=1,
-                               order_by=["attributes.start_time ASC"])
+    found = client.search_runs(
+        [exp_id],
+        filter_string=f"tags.`{RUN_TAG}` = '{run_id}' and tags.`{STAGE_TAG}` = 'pipeline'",
+        max_results=1,
+        order_by=["attributes.start_time ASC"],
+    )
     return found[0] if found else None
 
 
-def end_pipeline_run(run_id: str, status: str, tags: Mapping[str, str] | None = None,
-                     tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT) -> str | None:
+def end_pipeline_run(
+    run_id: str,
+    status: str,
+    tags: Mapping[str, str] | None = None,
+    tracking_uri: str | None = None,
+    experiment: str = DEFAULT_EXPERIMENT,
+) -> str | None:
     """End the parent run of pipeline run `run_id` with `status` ("FINISHED" or "FAILED"), tagging it; returns
     its MLflow run id, or None when no stage ever created it."""
     from mlflow.tracking import MlflowClient
@@ -270,7 +286,7 @@ def stage_run(run_id: str, stage: str, experiment: str = DEFAULT_EXPERIMENT) -> 
     found = client.search_runs(
         [exp_id],
         filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and tags.`{STAGE_TAG}` = '{stage}' "
-                      f"and attributes.status != 'FINISHED'",
+        f"and attributes.status != 'FINISHED'",
         max_results=1,
     )
     if found:
@@ -278,7 +294,8 @@ def stage_run(run_id: str, stage: str, experiment: str = DEFAULT_EXPERIMENT) -> 
         client.update_run(child_id, status="RUNNING")
     else:
         child_id = client.create_run(
-            exp_id, run_name=stage,
+            exp_id,
+            run_name=stage,
             tags={"mlflow.parentRunId": parent, RUN_TAG: run_id, STAGE_TAG: stage},
         ).info.run_id
     handle = StageRun(child_id, parent, exp_id)
@@ -298,4 +315,3 @@ def run_url(run_id: str, experiment_id: str | None = None) -> str:
 
         experiment_id = MlflowClient().get_run(run_id).info.experiment_id
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
-

@@ -33,15 +33,22 @@ class Airflow:
 
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.base}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {self.token}"} if self.token else {})})
+        req = urllib.request.Request(
+            f"{self.base}{path}",
+            data=data,
+            method=method,
+            headers={
+                "Content-Type": "application/json",
+                **({"Authorization": f"Bearer {self.token}"} if self.token else {}),
+            },
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             return json.loads(resp.read() or b"{}")
 
     def login(self) -> None:
-        self.token = self._request("POST", "/auth/token",
-                                   {"username": AIRFLOW_USER, "password": self.password})["access_token"]
+        self.token = self._request("POST", "/auth/token", {"username": AIRFLOW_USER, "password": self.password})[
+            "access_token"
+        ]
 
     def call(self, method: str, path: str, body: dict | None = None) -> dict:
         try:
@@ -63,8 +70,9 @@ def wait_for_dag(api: Airflow, timeout_s: float = 180) -> None:
             if err.code != 404:
                 raise
         time.sleep(3)
-    raise SystemExit(f"the DAG processor did not pick up {DAG_ID} within {timeout_s:.0f}s; "
-                     f"see .local/logs/airflow-dag-processor.log")
+    raise SystemExit(
+        f"the DAG processor did not pick up {DAG_ID} within {timeout_s:.0f}s; see .local/logs/airflow-dag-processor.log"
+    )
 
 
 def main() -> int:
@@ -80,8 +88,11 @@ def main() -> int:
     api.login()
     wait_for_dag(api)
     api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-    run = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
-                   {"logical_date": None, "conf": {"rounds": args.rounds}, "note": "make demo"})
+    run = api.call(
+        "POST",
+        f"/api/v2/dags/{DAG_ID}/dagRuns",
+        {"logical_date": None, "conf": {"rounds": args.rounds}, "note": "make demo"},
+    )
     run_id = run["dag_run_id"]
     print(f"\n== triggered {DAG_ID} run {run_id}; following it (also live in the Airflow UI)", flush=True)
 
@@ -101,22 +112,24 @@ def main() -> int:
 
     verdict = None
     try:
-        entry = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/gate/xcomEntries/"
-                                "return_value")
+        entry = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/gate/xcomEntries/return_value")
         value = entry["value"]
         verdict = (json.loads(value) if isinstance(value, str) else value).get("summary")
     except (urllib.error.HTTPError, ValueError, AttributeError):
         pass
 
     print(f"\n== {DAG_ID} run {run_id}: {state} in {time.monotonic() - started:.0f}s")
-    print(f"  Airflow UI: {stack.airflow_url}/dags/{DAG_ID}  "
-          f"(user {AIRFLOW_USER}, password {stack.airflow_password()})")
+    print(
+        f"  Airflow UI: {stack.airflow_url}/dags/{DAG_ID}  (user {AIRFLOW_USER}, password {stack.airflow_password()})"
+    )
     print(f"  MLflow UI : {stack.mlflow_url}  (experiment 'posttrain': parent run per pipeline run, nested stages)")
     from operators.pipeline import DEFAULT_RUN_ROOT, run_slug
 
     run_uri = f"{DEFAULT_RUN_ROOT}/{run_slug(run_id)}"
-    print(f"  Outputs   : {run_uri}/<stage>/  (S3 at {stack.s3_url}; `source .local/env` then "
-          f"`posttrain inspect {run_uri}/evaluate`)")
+    print(
+        f"  Outputs   : {run_uri}/<stage>/  (S3 at {stack.s3_url}; `source .local/env` then "
+        f"`posttrain inspect {run_uri}/evaluate`)"
+    )
     print(f"  Report    : {run_uri}/evaluate/report.html (also in the evaluate stage's MLflow run)")
     if verdict:
         print(f"  Gate      : {verdict.get('decision', '?').upper()}")

@@ -38,11 +38,22 @@ def node_argv(host: str, port: int, data_dir: Path, buckets: list[str]) -> list[
     if node is None:
         raise S3ServerMissing("`node` is not on PATH: install Node.js (apt-get install nodejs npm)")
     if not ENTRY.exists():
-        raise S3ServerMissing(f"s3rver is not installed at {ENTRY}: run `npm ci --prefix {PACKAGE_DIR}` "
-                              "(make install does)")
-    argv = [node, str(ENTRY), "--directory", str(data_dir), "--address", host, "--port", str(port),
-            # Path-style only: clients reach it by IP address, never as <bucket>.<host>.
-            "--no-vhost-buckets", "--silent"]
+        raise S3ServerMissing(
+            f"s3rver is not installed at {ENTRY}: run `npm ci --prefix {PACKAGE_DIR}` (make install does)"
+        )
+    argv = [
+        node,
+        str(ENTRY),
+        "--directory",
+        str(data_dir),
+        "--address",
+        host,
+        "--port",
+        str(port),
+        # Path-style only: clients reach it by IP address, never as <bucket>.<host>.
+        "--no-vhost-buckets",
+        "--silent",
+    ]
     for name in buckets:
         argv += ["--configure-bucket", name]
     return argv
@@ -61,8 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     except S3ServerMissing as err:
         print(f"s3_server: {err}", file=sys.stderr)
         return 1
-    print(f"s3_server: serving {args.data_dir} (buckets {', '.join(args.bucket) or 'none'}) "
-          f"on http://{args.host}:{args.port}", flush=True)
+    print(
+        f"s3_server: serving {args.data_dir} (buckets {', '.join(args.bucket) or 'none'}) "
+        f"on http://{args.host}:{args.port}",
+        flush=True,
+    )
     os.execv(cmd[0], cmd)
     return 0  # not reached: execv replaced this process
 

@@ -143,9 +143,14 @@ def _proc_start_time(pid: int) -> str | None:
 class Stack:
     """Start, inspect and stop the local services, all state under `state_dir`."""
 
-    def __init__(self, state_dir: Path = DEFAULT_STATE, ports: dict[str, int] | None = None,
-                 host: str = DEFAULT_HOST, executor: str | None = None,
-                 queues: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path = DEFAULT_STATE,
+        ports: dict[str, int] | None = None,
+        host: str = DEFAULT_HOST,
+        executor: str | None = None,
+        queues: tuple[str, ...] | None = None,
+    ) -> None:
         self.state = Path(state_dir).resolve()
         # Where the services listen; clients always use 127.0.0.1 (a wildcard host still answers there).
         self.host = host
@@ -293,8 +298,16 @@ class Stack:
         if name == "s3":
             # Not PUTs after it is healthy: a client retrying through the start-up could land in between and get
             # NoSuchBucket. The server creates the buckets before it binds the port.
-            argv = [sys.executable, str(REPO / "infra" / "local" / "s3_server.py"), "--host", self.host,
-                    "--port", str(self.ports["s3"]), "--data-dir", str(self.s3_dir)]
+            argv = [
+                sys.executable,
+                str(REPO / "infra" / "local" / "s3_server.py"),
+                "--host",
+                self.host,
+                "--port",
+                str(self.ports["s3"]),
+                "--data-dir",
+                str(self.s3_dir),
+            ]
             for bucket in BUCKETS:
                 argv += ["--bucket", bucket]
             return Service("s3", argv, f"{self.s3_url}/", start_timeout_s=60)
@@ -304,12 +317,19 @@ class Stack:
             return Service(
                 "mlflow",
                 [
-                    _bin("mlflow"), "server",
-                    "--backend-store-uri", f"sqlite:///{db}",
-                    "--artifacts-destination", "s3://mlflow/artifacts",
+                    _bin("mlflow"),
+                    "server",
+                    "--backend-store-uri",
+                    f"sqlite:///{db}",
+                    "--artifacts-destination",
+                    "s3://mlflow/artifacts",
                     "--serve-artifacts",
-                    "--host", self.host, "--port", str(self.ports["mlflow"]),
-                    "--workers", "1",
+                    "--host",
+                    self.host,
+                    "--port",
+                    str(self.ports["mlflow"]),
+                    "--workers",
+                    "1",
                 ],
                 f"{self.mlflow_url}/health",
                 # MLflow's job runner (a Huey consumer per worker pool, for GenAI evaluation jobs and trace
@@ -330,10 +350,25 @@ class Stack:
                     # One task at a time per worker (2 cores); no gossip or mingle between workers, which only
                     # slows their start; no log server: every worker writes to the same local log folder, which
                     # the api-server reads directly.
-                    companions.append((WORKER_PREFIX + queue, [
-                        _bin("airflow"), "celery", "worker", "--queues", queue, "--concurrency", "1",
-                        "--celery-hostname", f"{worker_name(queue)}@%h", "--skip-serve-logs",
-                        "--without-mingle", "--without-gossip"]))
+                    companions.append(
+                        (
+                            WORKER_PREFIX + queue,
+                            [
+                                _bin("airflow"),
+                                "celery",
+                                "worker",
+                                "--queues",
+                                queue,
+                                "--concurrency",
+                                "1",
+                                "--celery-hostname",
+                                f"{worker_name(queue)}@%h",
+                                "--skip-serve-logs",
+                                "--without-mingle",
+                                "--without-gossip",
+                            ],
+                        )
+                    )
                     companion_env[WORKER_PREFIX + queue] = {
                         "POSTTRAIN_WORKER_HOSTNAME": worker_name(queue),
                         "AIRFLOW__CORE__HOSTNAME_CALLABLE": "infra.local.stack.worker_hostname",
@@ -352,15 +387,32 @@ class Stack:
             return Service(
                 "postgres",
                 # TCP on the loopback only (no Unix socket: its default folder belongs to a system service).
-                [_pg_bin("postgres"), "-D", str(data), "-p", str(self.ports["postgres"]),
-                 "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
-                 # A dev database: a crash may lose the last commits, never consistency; saves fsyncs on a
-                 # shared disk.
-                 "-c", "synchronous_commit=off", "-c", "shared_buffers=32MB"],
-                "", probe=self._postgres_ready, start_timeout_s=60, user=_postgres_user())
+                [
+                    _pg_bin("postgres"),
+                    "-D",
+                    str(data),
+                    "-p",
+                    str(self.ports["postgres"]),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    "unix_socket_directories=",
+                    # A dev database: a crash may lose the last commits, never consistency; saves fsyncs on a
+                    # shared disk.
+                    "-c",
+                    "synchronous_commit=off",
+                    "-c",
+                    "shared_buffers=32MB",
+                ],
+                "",
+                probe=self._postgres_ready,
+                start_timeout_s=60,
+                user=_postgres_user(),
+            )
         if name == "redis":
-            return Service("redis", [_redis_server(), str(self._redis_conf())], "", probe=self._redis_ready,
-                           start_timeout_s=30)
+            return Service(
+                "redis", [_redis_server(), str(self._redis_conf())], "", probe=self._redis_ready, start_timeout_s=30
+            )
         raise StackError(f"unknown service {name!r}; expected one of {', '.join(ALL_SERVICES)}")
 
     # ----- pid bookkeeping -------------------------------------------------------------------------------
@@ -407,13 +459,13 @@ class Stack:
         order = [s for s in ALL_SERVICES if s in services]
         running = self._saved_executor().get("executor")
         if "airflow" in order and running and running != self.executor:
-            raise StackError(f"Airflow is running with the {running} executor; `down` first to switch to "
-                             f"{self.executor}")
+            raise StackError(
+                f"Airflow is running with the {running} executor; `down` first to switch to {self.executor}"
+            )
         if "airflow" in order:  # remembered while Airflow runs, so `status` and a plain `up` see the same mode
-            (self.run_dir / "executor.json").write_text(json.dumps({"executor": self.executor,
-                                                                    "queues": self.queues}))
+            (self.run_dir / "executor.json").write_text(json.dumps({"executor": self.executor, "queues": self.queues}))
             if self.celery:
-                order[order.index("airflow"):order.index("airflow")] = list(CELERY_BACKENDS)
+                order[order.index("airflow") : order.index("airflow")] = list(CELERY_BACKENDS)
         later: list[Service] = []  # launched, health awaited last: MLflow starts while Airflow migrates its DB
         for name in order:
             svc = self._service(name)
@@ -429,7 +481,7 @@ class Stack:
             for companion, argv in svc.companions:
                 if not self.running_pid(companion):
                     self._launch(companion, argv, {**svc.env, **svc.companion_env.get(companion, {})})
-            if name == "mlflow" and "airflow" in order[order.index(name):]:
+            if name == "mlflow" and "airflow" in order[order.index(name) :]:
                 later.append(svc)
                 continue
             self._wait_healthy(svc)
@@ -465,8 +517,10 @@ class Stack:
             self.down(only=("mlflow",), quiet=True)
         kept = self.mlflow_db.with_name(f"mlflow.db.before-s3-restart-{time.strftime('%Y%m%d-%H%M%S')}")
         self.mlflow_db.rename(kept)
-        say(f"  mlflow   S3 started on an empty data folder ({self.s3_dir}), so MLflow starts over too; "
-            f"old store kept at {kept}")
+        say(
+            f"  mlflow   S3 started on an empty data folder ({self.s3_dir}), so MLflow starts over too; "
+            f"old store kept at {kept}"
+        )
         return was_running
 
     def _prepare_airflow(self, env: dict[str, str], say) -> None:
@@ -474,17 +528,32 @@ class Stack:
         say(f"  airflow  migrating metadata DB ({'PostgreSQL' if self.celery else 'SQLite'}) ...")
         res = subprocess.run(
             [_bin("airflow"), "db", "migrate"],
-            env={**os.environ, **env}, cwd=self.state, capture_output=True, text=True,
+            env={**os.environ, **env},
+            cwd=self.state,
+            capture_output=True,
+            text=True,
         )
         if res.returncode != 0:
             raise StackError(f"`airflow db migrate` failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
         # The DAGs put GPU stages in pool "gpu" and sandbox-heavy ones in "sandbox": one slot each here. One
         # `pools import` rather than a `pools set` each: every Airflow command costs seconds of imports.
         pools = self.airflow_home / "pools.json"
-        pools.write_text(json.dumps({"gpu": {"slots": 1, "description": "GPU stages"},
-                                     "sandbox": {"slots": 1, "description": "sandbox-heavy stages"}}))
-        subprocess.run([_bin("airflow"), "pools", "import", str(pools)],
-                       env={**os.environ, **env}, cwd=self.state, capture_output=True, text=True, check=True)
+        pools.write_text(
+            json.dumps(
+                {
+                    "gpu": {"slots": 1, "description": "GPU stages"},
+                    "sandbox": {"slots": 1, "description": "sandbox-heavy stages"},
+                }
+            )
+        )
+        subprocess.run(
+            [_bin("airflow"), "pools", "import", str(pools)],
+            env={**os.environ, **env},
+            cwd=self.state,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
 
     # ----- the CeleryExecutor's PostgreSQL and Redis --------------------------------------------------------
     def _prepare_postgres(self, user: str | None, say) -> None:
@@ -505,9 +574,23 @@ class Stack:
             _check_reachable(home, ids.pw_uid)
         try:
             res = subprocess.run(
-                [_pg_bin("initdb"), "-D", str(data), "-U", "airflow", f"--pwfile={pwfile}",
-                 "--auth=scram-sha-256", "-E", "UTF8", "--no-locale"],
-                capture_output=True, text=True, cwd=home, **_as_user(user))
+                [
+                    _pg_bin("initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "airflow",
+                    f"--pwfile={pwfile}",
+                    "--auth=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--no-locale",
+                ],
+                capture_output=True,
+                text=True,
+                cwd=home,
+                **_as_user(user),
+            )
         finally:
             pwfile.unlink(missing_ok=True)
         if res.returncode != 0:
@@ -515,18 +598,26 @@ class Stack:
             raise StackError(f"initdb failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
 
     def _pg_env(self) -> dict[str, str]:
-        return {**os.environ, "PGPASSWORD": self._secret("postgres"), "PGHOST": "127.0.0.1",
-                "PGPORT": str(self.ports["postgres"]), "PGUSER": "airflow", "PGCONNECT_TIMEOUT": "5"}
+        return {
+            **os.environ,
+            "PGPASSWORD": self._secret("postgres"),
+            "PGHOST": "127.0.0.1",
+            "PGPORT": str(self.ports["postgres"]),
+            "PGUSER": "airflow",
+            "PGCONNECT_TIMEOUT": "5",
+        }
 
     def _postgres_ready(self) -> bool:
-        res = subprocess.run([_pg_bin("pg_isready"), "-q", "-d", "postgres"], env=self._pg_env(),
-                             capture_output=True)
+        res = subprocess.run([_pg_bin("pg_isready"), "-q", "-d", "postgres"], env=self._pg_env(), capture_output=True)
         return res.returncode == 0
 
     def _create_airflow_database(self) -> None:
-        res = subprocess.run([_pg_bin("psql"), "-d", "postgres", "-tAc",
-                              "SELECT 1 FROM pg_database WHERE datname = 'airflow'"],
-                             env=self._pg_env(), capture_output=True, text=True)
+        res = subprocess.run(
+            [_pg_bin("psql"), "-d", "postgres", "-tAc", "SELECT 1 FROM pg_database WHERE datname = 'airflow'"],
+            env=self._pg_env(),
+            capture_output=True,
+            text=True,
+        )
         if res.returncode == 0 and res.stdout.strip() == "1":
             return
         res = subprocess.run([_pg_bin("createdb"), "airflow"], env=self._pg_env(), capture_output=True, text=True)
@@ -539,9 +630,21 @@ class Stack:
         home.mkdir(parents=True, exist_ok=True)
         conf = home / "redis.conf"
         conf.touch(mode=0o600)
-        conf.write_text("\n".join([
-            "bind 127.0.0.1", f"port {self.ports['redis']}", f"requirepass {self._secret('redis')}",
-            f'dir "{home}"', 'save ""', "appendonly no", "daemonize no", "protected-mode yes", ""]))
+        conf.write_text(
+            "\n".join(
+                [
+                    "bind 127.0.0.1",
+                    f"port {self.ports['redis']}",
+                    f"requirepass {self._secret('redis')}",
+                    f'dir "{home}"',
+                    'save ""',
+                    "appendonly no",
+                    "daemonize no",
+                    "protected-mode yes",
+                    "",
+                ]
+            )
+        )
         return conf
 
     def _redis_ready(self) -> bool:
@@ -593,8 +696,11 @@ class Stack:
         if missing or unanswered:
             tail = _tail(self.log_dir / "s3.log")
             self.down(only=("s3",), quiet=True)
-            problem = (f"s3 came up without bucket(s) {', '.join(missing)}" if missing
-                       else f"s3 did not answer for bucket(s) {', '.join(unanswered)} within {answer_within_s:g} s")
+            problem = (
+                f"s3 came up without bucket(s) {', '.join(missing)}"
+                if missing
+                else f"s3 did not answer for bucket(s) {', '.join(unanswered)} within {answer_within_s:g} s"
+            )
             raise StackError(f"{problem}; last log lines:\n{tail}")
 
     def _write_env_file(self) -> None:
@@ -618,8 +724,9 @@ class Stack:
         for phase in ([n for n in names if n not in CELERY_BACKENDS], [n for n in names if n in CELERY_BACKENDS]):
             running = {name: pid for name in phase if (pid := self.running_pid(name))}
             # SIGINT is PostgreSQL's fast shutdown (SIGTERM would wait for every client to leave).
-            _stop_groups([(pid, signal.SIGINT if name == "postgres" else signal.SIGTERM)
-                          for name, pid in running.items()])
+            _stop_groups(
+                [(pid, signal.SIGINT if name == "postgres" else signal.SIGTERM) for name, pid in running.items()]
+            )
             for name in phase:
                 if name in running and not quiet:
                     print(f"  {name:22s} stopped (pid {running[name]})", flush=True)
@@ -632,7 +739,7 @@ class Stack:
             out[name] = {"pid": self.running_pid(name), "healthy": svc.healthy(), "url": self.url(name)}
         for worker in self.workers() if self.celery else []:
             pid = self.running_pid(worker)
-            out[worker] = {"pid": pid, "healthy": pid is not None, "queue": worker[len(WORKER_PREFIX):]}
+            out[worker] = {"pid": pid, "healthy": pid is not None, "queue": worker[len(WORKER_PREFIX) :]}
         return out
 
     def _saved_executor(self) -> dict:
@@ -656,8 +763,10 @@ def _healthy(url: str) -> bool:
 
 def _pg_bin(name: str) -> str:
     """A PostgreSQL program: Debian keeps them under /usr/lib/postgresql/<version>/bin (newest wins), off PATH."""
-    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
-                   key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
+    found = sorted(
+        Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
+        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0,
+    )
     if found:
         return str(found[-1])
     on_path = shutil.which(name)
@@ -680,8 +789,10 @@ def _postgres_user() -> str | None:
     try:
         pwd.getpwnam("postgres")
     except KeyError:
-        raise StackError("running as root, and PostgreSQL refuses root: no `postgres` user to run it as "
-                         "(Debian's postgresql package creates one)") from None
+        raise StackError(
+            "running as root, and PostgreSQL refuses root: no `postgres` user to run it as "
+            "(Debian's postgresql package creates one)"
+        ) from None
     return "postgres"
 
 
@@ -699,8 +810,10 @@ def _check_reachable(path: Path, uid: int) -> None:
     for parent in path.resolve().parents:
         st = parent.stat()
         if st.st_uid != uid and not st.st_mode & 0o001:
-            raise StackError(f"PostgreSQL runs as uid {uid}, which cannot enter {parent} (mode "
-                             f"{st.st_mode & 0o777:o}); use a state folder whose parents others may enter")
+            raise StackError(
+                f"PostgreSQL runs as uid {uid}, which cannot enter {parent} (mode "
+                f"{st.st_mode & 0o777:o}); use a state folder whose parents others may enter"
+            )
 
 
 def _check_port_free(port: int, name: str) -> None:
@@ -756,13 +869,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["up", "down", "status", "env"])
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE, help="default: %(default)s")
     parser.add_argument("--services", default=",".join(ALL_SERVICES), help="comma list (default: all)")
-    parser.add_argument("--host", default=DEFAULT_HOST,
-                        help="address every service listens on (default: %(default)s; 0.0.0.0 exposes the stack)")
-    parser.add_argument("--executor", choices=EXECUTORS, default=None,
-                        help="Airflow executor (default: $POSTTRAIN_EXECUTOR, else the running stack's, else local)")
-    parser.add_argument("--queues", default=None,
-                        help="celery: one worker per queue, comma list (default: gpu,cpu,sandbox as named by "
-                             "POSTTRAIN_QUEUE_GPU/_CPU/_SANDBOX)")
+    parser.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help="address every service listens on (default: %(default)s; 0.0.0.0 exposes the stack)",
+    )
+    parser.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default=None,
+        help="Airflow executor (default: $POSTTRAIN_EXECUTOR, else the running stack's, else local)",
+    )
+    parser.add_argument(
+        "--queues",
+        default=None,
+        help="celery: one worker per queue, comma list (default: gpu,cpu,sandbox as named by "
+        "POSTTRAIN_QUEUE_GPU/_CPU/_SANDBOX)",
+    )
     for name, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--port-{name}", type=int, default=None, help=f"default {port}")
     args = parser.parse_args(argv)
@@ -777,8 +900,10 @@ def main(argv: list[str] | None = None) -> int:
             if "airflow" in services:
                 print(f"  Airflow UI: {stack.airflow_url}  (user {AIRFLOW_USER}, password {stack.airflow_password()})")
                 if stack.celery:
-                    print(f"  Executor  : CeleryExecutor, one worker per queue: {', '.join(stack.queues)} "
-                          f"(broker {stack.url('redis')}, database {stack.url('postgres')})")
+                    print(
+                        f"  Executor  : CeleryExecutor, one worker per queue: {', '.join(stack.queues)} "
+                        f"(broker {stack.url('redis')}, database {stack.url('postgres')})"
+                    )
             print(f"  S3 server : {stack.s3_url}  (bucket s3://posttrain)")
             print(f"  Shell env : source {stack.state / 'env'}")
         elif args.command == "down":

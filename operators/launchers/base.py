@@ -13,8 +13,7 @@ class StageTimeout(RuntimeError):
 
 
 class Launcher(Protocol):
-    def run(self, spec: StageSpec, argv: list[str], env: dict[str, str],
-            on_line: Callable[[str], None]) -> int:
+    def run(self, spec: StageSpec, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]) -> int:
         """Run the stage to completion, calling on_line for every output line; return its exit code."""
         ...
 

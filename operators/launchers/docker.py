@@ -26,15 +26,23 @@ def parse_volumes(text: str) -> dict[str, dict[str, str]]:
 def from_env(client: Any, environ: Mapping[str, str]) -> DockerLauncher:
     """The launcher as the deployment configures it: POSTTRAIN_DOCKER_NETWORK (the compose network, so stages
     reach minio and mlflow by name) and POSTTRAIN_DOCKER_VOLUMES."""
-    return DockerLauncher(client, network=environ.get("POSTTRAIN_DOCKER_NETWORK") or None,
-                          volumes=parse_volumes(environ.get("POSTTRAIN_DOCKER_VOLUMES", "")))
+    return DockerLauncher(
+        client,
+        network=environ.get("POSTTRAIN_DOCKER_NETWORK") or None,
+        volumes=parse_volumes(environ.get("POSTTRAIN_DOCKER_VOLUMES", "")),
+    )
 
 
 class DockerLauncher:
     """`client` is a docker SDK `DockerClient` (from the DockerEngineHook in plugins/, or a test double)."""
 
-    def __init__(self, client: Any, grace_s: int = 10, network: str | None = None,
-                 volumes: dict[str, dict[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        grace_s: int = 10,
+        network: str | None = None,
+        volumes: dict[str, dict[str, str]] | None = None,
+    ) -> None:
         self.client = client
         self.grace_s = grace_s
         self.network = network
@@ -71,8 +79,7 @@ class DockerLauncher:
             kwargs["network"] = self.network
         return kwargs
 
-    def run(self, spec: StageSpec, argv: list[str], env: dict[str, str],
-            on_line: Callable[[str], None]) -> int:
+    def run(self, spec: StageSpec, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]) -> int:
         with self._lock:
             self.container = self.client.containers.run(**self.container_kwargs(spec, argv, env))
         container = self.container

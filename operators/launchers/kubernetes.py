@@ -23,8 +23,9 @@ from operators.launchers.base import StageTimeout
 from operators.spec import StageSpec
 
 
-def pod_manifest(spec: StageSpec, argv: list[str], env: dict[str, str], name: str, namespace: str,
-                 service_account: str | None = None) -> dict[str, Any]:
+def pod_manifest(
+    spec: StageSpec, argv: list[str], env: dict[str, str], name: str, namespace: str, service_account: str | None = None
+) -> dict[str, Any]:
     """The pod as a plain dict (what `kubectl apply` would take); pure, so it is testable without a cluster."""
     limits: dict[str, str] = {}
     requests: dict[str, str] = {}
@@ -37,19 +38,24 @@ def pod_manifest(spec: StageSpec, argv: list[str], env: dict[str, str], name: st
     pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {"app.kubernetes.io/name": "posttrain", "posttrain/stage": spec.command}},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "posttrain", "posttrain/stage": spec.command},
+        },
         "spec": {
             "restartPolicy": "Never",
             "activeDeadlineSeconds": spec.timeout_s,
-            "containers": [{
-                "name": "stage",
-                "image": spec.image,
-                "command": argv,
-                "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
-                "resources": {"limits": limits, "requests": requests},
-                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-            }],
+            "containers": [
+                {
+                    "name": "stage",
+                    "image": spec.image,
+                    "command": argv,
+                    "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+                    "resources": {"limits": limits, "requests": requests},
+                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                }
+            ],
             # torch dataloaders / NCCL need a larger /dev/shm than the container default.
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         },
@@ -61,17 +67,26 @@ def pod_manifest(spec: StageSpec, argv: list[str], env: dict[str, str], name: st
     return pod
 
 
-def pytorchjob_manifest(spec: StageSpec, argv: list[str], env: dict[str, str], name: str, namespace: str,
-                        service_account: str | None = None) -> dict[str, Any]:
+def pytorchjob_manifest(
+    spec: StageSpec, argv: list[str], env: dict[str, str], name: str, namespace: str, service_account: str | None = None
+) -> dict[str, Any]:
     """The multi-node form of a stage (kubeflow.org/v1 PyTorchJob): Master + (nnodes - 1) Workers, each the
     stage pod with `spec.nproc_per_node` GPUs running torchrun (argv from StageSpec.argv, c10d rendezvous)."""
-    pod = pod_manifest(spec.with_(gpus=max(spec.gpus, spec.nproc_per_node)), argv,
-                       {**env, "POSTTRAIN_RDZV_ID": name}, name, namespace, service_account)
+    pod = pod_manifest(
+        spec.with_(gpus=max(spec.gpus, spec.nproc_per_node)),
+        argv,
+        {**env, "POSTTRAIN_RDZV_ID": name},
+        name,
+        namespace,
+        service_account,
+    )
     container = pod["spec"]["containers"][0]
     container["name"] = "pytorch"  # the training operator finds the container by this name
     container["ports"] = [{"name": "rdzv", "containerPort": spec.rdzv_port}]
-    template = {"metadata": {"labels": pod["metadata"]["labels"]},
-                "spec": {k: v for k, v in pod["spec"].items() if k not in ("restartPolicy", "activeDeadlineSeconds")}}
+    template = {
+        "metadata": {"labels": pod["metadata"]["labels"]},
+        "spec": {k: v for k, v in pod["spec"].items() if k not in ("restartPolicy", "activeDeadlineSeconds")},
+    }
 
     def replicas(n: int) -> dict[str, Any]:
         return {"replicas": n, "restartPolicy": "Never", "template": template}
@@ -94,8 +109,9 @@ def pytorchjob_manifest(spec: StageSpec, argv: list[str], env: dict[str, str], n
 class KubernetesLauncher:
     """`core_v1` is a kubernetes `CoreV1Api` (from in-cluster or kubeconfig credentials by default)."""
 
-    def __init__(self, core_v1: Any = None, namespace: str = "posttrain", service_account: str | None = None,
-                 poll_s: float = 2.0) -> None:
+    def __init__(
+        self, core_v1: Any = None, namespace: str = "posttrain", service_account: str | None = None, poll_s: float = 2.0
+    ) -> None:
         self._api = core_v1
         self.namespace = namespace
         self.service_account = service_account
@@ -115,11 +131,12 @@ class KubernetesLauncher:
             self._api = client.CoreV1Api()
         return self._api
 
-    def run(self, spec: StageSpec, argv: list[str], env: dict[str, str],
-            on_line: Callable[[str], None]) -> int:
+    def run(self, spec: StageSpec, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]) -> int:
         if spec.nnodes > 1:
-            raise ValueError(f"stage {spec.command}: nnodes={spec.nnodes} runs as a PyTorchJob "
-                             "(operators.launchers.kubernetes.pytorchjob_manifest); this launcher runs one pod")
+            raise ValueError(
+                f"stage {spec.command}: nnodes={spec.nnodes} runs as a PyTorchJob "
+                "(operators.launchers.kubernetes.pytorchjob_manifest); this launcher runs one pod"
+            )
         name = f"posttrain-{spec.command}-{uuid.uuid4().hex[:8]}".lower()
         spec = spec.with_(gpus=max(spec.gpus, spec.nproc_per_node) if spec.gpus else 0)
         manifest = pod_manifest(spec, argv, env, name, self.namespace, self.service_account)
@@ -130,8 +147,9 @@ class KubernetesLauncher:
         try:
             phase = self._wait_started(name, deadline)
             if phase not in ("Succeeded", "Failed"):
-                stream = self.api.read_namespaced_pod_log(name=name, namespace=self.namespace, container="stage",
-                                                          follow=True, _preload_content=False)
+                stream = self.api.read_namespaced_pod_log(
+                    name=name, namespace=self.namespace, container="stage", follow=True, _preload_content=False
+                )
                 pending = ""
                 for chunk in stream.stream():
                     pending += chunk.decode("utf-8", errors="replace")

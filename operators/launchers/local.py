@@ -33,12 +33,16 @@ class LocalProcessLauncher:
             return [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
         return argv
 
-    def run(self, spec: StageSpec, argv: list[str], env: dict[str, str],
-            on_line: Callable[[str], None]) -> int:
+    def run(self, spec: StageSpec, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]) -> int:
         with self._lock:
             self._proc = subprocess.Popen(
-                self.resolve(argv), env={**os.environ, **env}, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, bufsize=1,
+                self.resolve(argv),
+                env={**os.environ, **env},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                bufsize=1,
                 start_new_session=True,
             )
         proc = self._proc

@@ -21,25 +21,39 @@ REPO = Path(__file__).resolve().parents[2]
 SHOTS = Path(os.environ.get("POSTTRAIN_SCREENSHOTS", REPO / "build" / "browser-screenshots"))
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1400,1200")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,1200",
+)
 
 
 def airflow_token(airflow_url: str, user: str, password: str) -> str:
     """A JWT from Airflow's simple auth manager (POST /auth/token): the UI keeps it in the `_token` cookie."""
-    req = urllib.request.Request(f"{airflow_url}/auth/token", method="POST",
-                                 data=json.dumps({"username": user, "password": password}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{airflow_url}/auth/token",
+        method="POST",
+        data=json.dumps({"username": user, "password": password}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.load(resp)["access_token"]
 
 
 def api(airflow_url: str, token: str, path: str, method: str = "GET", body: dict | None = None) -> Any:
     """Airflow's REST API (/api/v2): GET by default, or `method` with a JSON `body`."""
-    req = urllib.request.Request(f"{airflow_url}/api/v2/{path}", method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{airflow_url}/api/v2/{path}",
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.load(resp)
 
@@ -103,8 +117,14 @@ class Browser:
         found = [e for e in self.driver.find_elements(By.XPATH, xpath) if e.is_displayed()]
         return found[0] if found else None
 
-    def wait_for(self, probe: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.5,
-                 refresh_every_s: float | None = None) -> Any:
+    def wait_for(
+        self,
+        probe: Callable[[], Any],
+        timeout_s: float,
+        what: str,
+        every_s: float = 0.5,
+        refresh_every_s: float | None = None,
+    ) -> Any:
         """Poll `probe` until it returns something truthy; reload the page every `refresh_every_s` if given."""
         from selenium.common.exceptions import WebDriverException
 
@@ -138,16 +158,20 @@ class Browser:
 
     def open_section(self, name: str) -> None:
         """Expand a form section (an accordion item; opening one closes the others)."""
-        button = self.find(f"//button[substring(@aria-controls, string-length(@aria-controls) - "
-                           f"string-length(':content:{name}') + 1) = ':content:{name}']")
+        button = self.find(
+            f"//button[substring(@aria-controls, string-length(@aria-controls) - "
+            f"string-length(':content:{name}') + 1) = ':content:{name}']"
+        )
         if button.get_attribute("aria-expanded") != "true":
             button.click()
         time.sleep(0.5)
 
     def field_row(self, label: str) -> Any:
         """The form row whose label reads `label` (the label text plus the required marker, if any)."""
-        return self.find(f"//*[@role='dialog']//label[starts-with(normalize-space(), '{label}')]/ancestor::*"
-                         f"[.//*[contains(@class, 'monaco-editor') or self::input or self::button]][1]")
+        return self.find(
+            f"//*[@role='dialog']//label[starts-with(normalize-space(), '{label}')]/ancestor::*"
+            f"[.//*[contains(@class, 'monaco-editor') or self::input or self::button]][1]"
+        )
 
     def paste_into_code_editor(self, label: str, text: str) -> None:
         """Replace the JSON in the code editor of field `label` as a person pastes it: click into the editor,
@@ -159,12 +183,15 @@ class Browser:
 
         row = self.field_row(label)
         row.find_element("xpath", ".//*[contains(@class, 'monaco-editor')]//*[contains(@class, 'view-lines')]").click()
-        ActionChains(self.driver).key_down(Keys.CONTROL).send_keys("a").key_up(Keys.CONTROL) \
-            .send_keys(Keys.DELETE).perform()
+        ActionChains(self.driver).key_down(Keys.CONTROL).send_keys("a").key_up(Keys.CONTROL).send_keys(
+            Keys.DELETE
+        ).perform()
         self.driver.execute_script(
             "const data = new DataTransfer(); data.setData('text/plain', arguments[0]);"
             "document.activeElement.dispatchEvent(new ClipboardEvent('paste', "
-            "{clipboardData: data, bubbles: true, cancelable: true}));", text)
+            "{clipboardData: data, bubbles: true, cancelable: true}));",
+            text,
+        )
         time.sleep(0.5)
 
     def set_number(self, label: str, value: int) -> None:

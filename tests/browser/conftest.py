@@ -52,8 +52,9 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory):
         return
     # The DAG files do not change during the tests: parse them once, not every 30 s (each parse is a process
     # that imports the DAGs, CPU the runs need on 2 cores).
-    with running_stack(tmp_path_factory.mktemp("ui-stack"),
-                       env={"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}) as stack:
+    with running_stack(
+        tmp_path_factory.mktemp("ui-stack"), env={"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}
+    ) as stack:
         _wait_for_dag(stack, "post_training")
         yield stack
 
@@ -61,8 +62,9 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory):
 def _wait_for_dag(stack: Stack, dag_id: str) -> None:
     from browser_helpers import airflow_token, wait_for_dag
 
-    wait_for_dag(stack.airflow_url, airflow_token(stack.airflow_url, AIRFLOW_USER, stack.airflow_password() or ""),
-                 dag_id)
+    wait_for_dag(
+        stack.airflow_url, airflow_token(stack.airflow_url, AIRFLOW_USER, stack.airflow_password() or ""), dag_id
+    )
 
 
 @pytest.fixture
@@ -83,8 +85,10 @@ def browser(request: pytest.FixtureRequest, tmp_path: Path, ui_stack: Stack, air
     try:
         yield b
     finally:
-        failed = any(getattr(request.node, f"rep_{w}", None) and getattr(request.node, f"rep_{w}").failed
-                     for w in ("setup", "call"))
+        failed = any(
+            getattr(request.node, f"rep_{w}", None) and getattr(request.node, f"rep_{w}").failed
+            for w in ("setup", "call")
+        )
         if failed:
             b.shot("failed")
             (shots / "page.txt").write_text(b.driver.current_url + "\n\n" + b.text())

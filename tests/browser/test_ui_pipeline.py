@@ -31,8 +31,9 @@ OVERRIDES = SHORT_RUN
 RUN_TIMEOUT_S = 1500
 
 
-def _trigger(browser, stack: Stack, token: str, *, rounds: int | None = None,
-             require_approval: bool = False) -> tuple[str, dict]:
+def _trigger(
+    browser, stack: Stack, token: str, *, rounds: int | None = None, require_approval: bool = False
+) -> tuple[str, dict]:
     """Open the form, check it opens valid, set the override (and the given fields), submit; the new run."""
     before = newest_run(stack.airflow_url, token, DAG)
     trigger = browser.open_trigger_form(stack.airflow_url, DAG)
@@ -52,6 +53,7 @@ def _trigger(browser, stack: Stack, token: str, *, rounds: int | None = None,
     browser.shot("form-filled")
     assert trigger.is_enabled(), browser.find("//*[@role='dialog']").text
     trigger.click()
+
     def created() -> tuple[str, dict] | None:
         run = newest_run(stack.airflow_url, token, DAG)
         return run if run is not None and (before is None or run[0] != before[0]) else None
@@ -59,8 +61,14 @@ def _trigger(browser, stack: Stack, token: str, *, rounds: int | None = None,
     return browser.wait_for(created, 120, "the trigger created no run", every_s=2)
 
 
-def _wait_for_run_in_grid(browser, stack: Stack, run_id: str, until: tuple[str, ...] = ("Success", "Failed"),
-                          timeout_s: float = RUN_TIMEOUT_S, token: str | None = None) -> str:
+def _wait_for_run_in_grid(
+    browser,
+    stack: Stack,
+    run_id: str,
+    until: tuple[str, ...] = ("Success", "Failed"),
+    timeout_s: float = RUN_TIMEOUT_S,
+    token: str | None = None,
+) -> str:
     """Watch the run's page (grid beside the task list) until its state badge reads one of `until`.
 
     With `token`, the run's end is awaited through the API first and the page opened after: the UI's polling
@@ -68,16 +76,21 @@ def _wait_for_run_in_grid(browser, stack: Stack, run_id: str, until: tuple[str, 
     """
     if token is not None:
         browser.driver.get("about:blank")
-        browser.wait_for(lambda: api(stack.airflow_url, token, f"dags/{DAG}/dagRuns/{quote(run_id)}")["state"]
-                         in ("success", "failed"), timeout_s, f"run {run_id} never ended", every_s=5)
+        browser.wait_for(
+            lambda: (
+                api(stack.airflow_url, token, f"dags/{DAG}/dagRuns/{quote(run_id)}")["state"] in ("success", "failed")
+            ),
+            timeout_s,
+            f"run {run_id} never ended",
+            every_s=5,
+        )
     browser.driver.get(f"{stack.airflow_url}/dags/{DAG}/runs/{run_id}")
 
     def state() -> str | None:
         badge = browser._first("//*[@data-testid='state-badge']")  # the run's state, beside its id
         return badge.text.strip() if badge is not None and badge.text.strip() in until else None
 
-    found = browser.wait_for(state, timeout_s, f"run {run_id} never reached {until}", every_s=3,
-                             refresh_every_s=15)
+    found = browser.wait_for(state, timeout_s, f"run {run_id} never reached {until}", every_s=3, refresh_every_s=15)
     browser.shot(f"run-{found}")
     return found
 
@@ -101,8 +114,7 @@ def _task_states(browser, stack: Stack, run_id: str, tasks: tuple[str, ...]) -> 
     return browser.wait_for(rows, 60, f"the run's task list never showed all of {tasks}")
 
 
-def test_trigger_form_run_approved_in_the_ui_succeeds_and_mlflow_shows_it(browser, ui_stack,
-                                                                          airflow_token) -> None:
+def test_trigger_form_run_approved_in_the_ui_succeeds_and_mlflow_shows_it(browser, ui_stack, airflow_token) -> None:
     from mlflow import MlflowClient
 
     started = time.monotonic()
@@ -113,8 +125,15 @@ def test_trigger_form_run_approved_in_the_ui_succeeds_and_mlflow_shows_it(browse
     assert conf["profile"] == "tiny" and conf["base_model"] is None and conf["seed"] == 0
     assert conf["rounds"] == 1 and conf["require_approval"] is True
 
-    _answer_required_action(browser, ui_stack, airflow_token, run_id, "Approve", dag=DAG,
-                            expect=("Gate verdict: promote", "domain", "candidate", "rl_round_1"))
+    _answer_required_action(
+        browser,
+        ui_stack,
+        airflow_token,
+        run_id,
+        "Approve",
+        dag=DAG,
+        expect=("Gate verdict: promote", "domain", "candidate", "rl_round_1"),
+    )
     assert _wait_for_run_in_grid(browser, ui_stack, run_id, token=airflow_token) == "Success"
     print(f"run {run_id} succeeded {time.monotonic() - started:.0f}s after the form opened")
     states = _task_states(browser, ui_stack, run_id, ("promote", "blocked"))
@@ -144,14 +163,18 @@ def test_trigger_form_run_approved_in_the_ui_succeeds_and_mlflow_shows_it(browse
     browser.shot("task-extra-links")
     assert href.startswith(ui_stack.mlflow_url) and "workflowType=machine_learning" in href, href
     browser.driver.get(href)
-    browser.wait_for(lambda: "system/cpu_utilization_percentage" in browser.text(), 60,
-                     "the MLflow run page shows no metrics")
+    browser.wait_for(
+        lambda: "system/cpu_utilization_percentage" in browser.text(), 60, "the MLflow run page shows no metrics"
+    )
     page = browser.text()
     assert "taskset-train" in page and "Training" in page, "the run shows no dataset"
     browser.shot("mlflow-run")
     browser.driver.get(href.replace("?", "/model-metrics?"))
-    browser.wait_for(lambda: "grad_norm" in browser.text() and "loss" in browser.text(), 60,
-                     "the MLflow run's model metrics show no training curve")
+    browser.wait_for(
+        lambda: "grad_norm" in browser.text() and "loss" in browser.text(),
+        60,
+        "the MLflow run's model metrics show no training curve",
+    )
     browser.shot("mlflow-run-metrics")
 
     # The "Checkpoint" link opens a readable listing of the stage folder, not S3's XML.
@@ -171,8 +194,9 @@ def _champion_version(stack: Stack) -> str | None:
         return None
 
 
-def _answer_required_action(browser, stack: Stack, token: str, run_id: str, choice: str, *, dag: str,
-                            expect: tuple[str, ...]) -> None:
+def _answer_required_action(
+    browser, stack: Stack, token: str, run_id: str, choice: str, *, dag: str, expect: tuple[str, ...]
+) -> None:
     """Once the approval of `dag`'s run waits for input, open it under Required Actions, check it shows each of
     `expect` (the verdict and the table), and click `choice`.
 
@@ -181,8 +205,12 @@ def _answer_required_action(browser, stack: Stack, token: str, run_id: str, choi
     """
     path = f"dags/{dag}/dagRuns/{quote(run_id)}/taskInstances/approval"
     browser.driver.get("about:blank")  # nothing to see until then; the UI's polling would take CPU from the run
-    browser.wait_for(lambda: api(stack.airflow_url, token, path)["state"] == "awaiting_input", RUN_TIMEOUT_S,
-                     "the approval task never asked for input", every_s=5)
+    browser.wait_for(
+        lambda: api(stack.airflow_url, token, path)["state"] == "awaiting_input",
+        RUN_TIMEOUT_S,
+        "the approval task never asked for input",
+        every_s=5,
+    )
     url = f"{stack.airflow_url}/dags/{dag}/runs/{run_id}/tasks/approval/required_actions"
 
     def button():
@@ -196,8 +224,11 @@ def _answer_required_action(browser, stack: Stack, token: str, run_id: str, choi
     assert all(text in page for text in expect), page
     browser.shot("required-action")
     found.click()
-    browser.wait_for(lambda: api(stack.airflow_url, token, path)["state"] != "awaiting_input", 120,
-                     f"clicking {choice} did not answer the approval")
+    browser.wait_for(
+        lambda: api(stack.airflow_url, token, path)["state"] != "awaiting_input",
+        120,
+        f"clicking {choice} did not answer the approval",
+    )
     browser.shot(f"after-{choice}")
 
 
@@ -206,13 +237,25 @@ def test_reject_in_the_ui_sends_the_run_to_blocked(browser, ui_stack, airflow_to
     dag = "test_approval_flow"
     wait_for_dag(ui_stack.airflow_url, airflow_token, dag)
     api(ui_stack.airflow_url, airflow_token, f"dags/{dag}", "PATCH", {"is_paused": False})
-    run_id = api(ui_stack.airflow_url, airflow_token, f"dags/{dag}/dagRuns", "POST",
-                 {"logical_date": None})["dag_run_id"]
-    _answer_required_action(browser, ui_stack, airflow_token, run_id, "Reject", dag=dag,
-                            expect=("Gate verdict: promote", "planted for the approval test", "domain", "candidate"))
+    run_id = api(ui_stack.airflow_url, airflow_token, f"dags/{dag}/dagRuns", "POST", {"logical_date": None})[
+        "dag_run_id"
+    ]
+    _answer_required_action(
+        browser,
+        ui_stack,
+        airflow_token,
+        run_id,
+        "Reject",
+        dag=dag,
+        expect=("Gate verdict: promote", "planted for the approval test", "domain", "candidate"),
+    )
     path = f"dags/{dag}/dagRuns/{quote(run_id)}"
-    browser.wait_for(lambda: api(ui_stack.airflow_url, airflow_token, path)["state"] in ("success", "failed"), 300,
-                     "the rejected run never ended", every_s=2)
+    browser.wait_for(
+        lambda: api(ui_stack.airflow_url, airflow_token, path)["state"] in ("success", "failed"),
+        300,
+        "the rejected run never ended",
+        every_s=2,
+    )
     tis = api(ui_stack.airflow_url, airflow_token, f"{path}/taskInstances")
     states = {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
     assert states["blocked"] == "success" and states["promote"] == "skipped", states
@@ -243,4 +286,3 @@ def test_unanswered_approval_times_out_as_a_reject(ui_stack, airflow_token) -> N
     assert ti["state"] == "success", ti
     assert answer == {"asked": True, "approved": False, "by": TIMEOUT_BY, "at": answer["at"]}
     assert answer["at"], "the timeout's time is recorded"
-

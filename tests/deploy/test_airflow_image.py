@@ -75,8 +75,7 @@ def lay_out(root: Path, copies: list[tuple[list[str], str]]) -> None:
             path = REPO / src
             assert path.exists(), f"COPY {src}: not in the repository"
             if path.is_dir():
-                shutil.copytree(path, target, dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                shutil.copytree(path, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
             elif dest.endswith("/") or len(sources) > 1:
                 target.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, target / path.name)
@@ -109,9 +108,20 @@ def test_every_dag_imports_from_the_airflow_image_files(tmp_path: Path) -> None:
     cfg = {"path": path, "dags": dag_files, "blocked": list(BLOCKED), "root": str(root)}
     home = tmp_path / "airflow-home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "AIRFLOW"))}
-    env.update({"AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags_dir),
-                "AIRFLOW__CORE__LOAD_EXAMPLES": "False"})
-    proc = subprocess.run([sys.executable, "-I", "-c", BOOTSTRAP, json.dumps(cfg)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags_dir),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        }
+    )
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", BOOTSTRAP, json.dumps(cfg)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert proc.stdout.strip().endswith(f"OK {len(dag_files)}")

@@ -24,8 +24,15 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "infra" / "compose.yaml"
 ENV_EXAMPLE = REPO / "infra" / "compose.env.example"
 AIRFLOW_SERVICES = ("airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor")
-SECRETS = ("POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_JWT_SECRET",
-           "AIRFLOW_API_SECRET_KEY", "AIRFLOW_FERNET_KEY", "POSTTRAIN_SANDBOX_TOKEN")
+SECRETS = (
+    "POSTGRES_PASSWORD",
+    "MINIO_ROOT_PASSWORD",
+    "AIRFLOW_ADMIN_PASSWORD",
+    "AIRFLOW_JWT_SECRET",
+    "AIRFLOW_API_SECRET_KEY",
+    "AIRFLOW_FERNET_KEY",
+    "POSTTRAIN_SANDBOX_TOKEN",
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +56,13 @@ def test_every_service_has_an_image_or_a_build(compose) -> None:
 
 def test_no_well_known_credentials(compose) -> None:
     text = COMPOSE.read_text()
-    for literal in ("minio-secret", "airflow:airflow@", "admin:admin", "POSTGRES_PASSWORD: airflow",
-                    "MINIO_ROOT_PASSWORD: minio"):
+    for literal in (
+        "minio-secret",
+        "airflow:airflow@",
+        "admin:admin",
+        "POSTGRES_PASSWORD: airflow",
+        "MINIO_ROOT_PASSWORD: minio",
+    ):
         assert literal not in text, literal
     # Each secret is a required variable (compose refuses to start without it), never a default.
     for var in SECRETS:
@@ -60,16 +72,18 @@ def test_no_well_known_credentials(compose) -> None:
 
 def test_env_template_names_every_variable_the_stack_reads() -> None:
     used = set(re.findall(r"\$\{([A-Z0-9_]+)", COMPOSE.read_text()))
-    template = dict(line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines()
-                    if line and not line.startswith("#"))
+    template = dict(
+        line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines() if line and not line.startswith("#")
+    )
     assert used <= set(template), used - set(template)
     assert all(template[var] == "CHANGE_ME" for var in SECRETS)
     assert "infra/.env" in (REPO / ".gitignore").read_text().splitlines()
 
 
 def _template() -> dict[str, str]:
-    return dict(line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines()
-                if line and not line.startswith("#"))
+    return dict(
+        line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines() if line and not line.startswith("#")
+    )
 
 
 def test_project_name_comes_from_the_env_template(compose) -> None:
@@ -136,8 +150,12 @@ def test_docker_compose_config_accepts_the_stack_with_the_template() -> None:
     if cli is None:
         pytest.skip(NO_COMPOSE)
     for profiles in ([], ["--profile", "gpu", "--profile", "sandbox"]):
-        proc = subprocess.run([*cli, "-f", str(COMPOSE), "--env-file", str(ENV_EXAMPLE), *profiles, "config",
-                               "--quiet"], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [*cli, "-f", str(COMPOSE), "--env-file", str(ENV_EXAMPLE), *profiles, "config", "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
 
 
@@ -146,8 +164,13 @@ def test_docker_compose_config_refuses_a_missing_secret(tmp_path: Path) -> None:
     if cli is None:
         pytest.skip(NO_COMPOSE)
     env = tmp_path / "partial.env"
-    env.write_text("\n".join(line for line in ENV_EXAMPLE.read_text().splitlines()
-                             if not line.startswith("AIRFLOW_JWT_SECRET=")))
-    proc = subprocess.run([*cli, "-f", str(COMPOSE), "--env-file", str(env), "config", "--quiet"],
-                          capture_output=True, text=True, timeout=120)
+    env.write_text(
+        "\n".join(line for line in ENV_EXAMPLE.read_text().splitlines() if not line.startswith("AIRFLOW_JWT_SECRET="))
+    )
+    proc = subprocess.run(
+        [*cli, "-f", str(COMPOSE), "--env-file", str(env), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "AIRFLOW_JWT_SECRET" in proc.stderr

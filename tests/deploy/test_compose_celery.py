@@ -47,8 +47,9 @@ def test_redis_is_internal_and_needs_its_password(compose) -> None:
     assert "ports" not in redis and redis["expose"] == ["6379"]
     assert redis["environment"]["REDIS_PASSWORD"] == "${REDIS_PASSWORD:?set it in infra/.env}"
     assert "--requirepass" in " ".join(redis["command"]) and "healthcheck" in redis
-    template = dict(line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines()
-                    if line and not line.startswith("#"))
+    template = dict(
+        line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines() if line and not line.startswith("#")
+    )
     assert template["REDIS_PASSWORD"] == "CHANGE_ME"
     # Airflow starts only once its broker answers.
     assert compose["services"]["airflow-scheduler"]["depends_on"] != {}

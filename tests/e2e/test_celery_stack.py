@@ -57,9 +57,13 @@ def celery_stack():
     started = time.monotonic()
     try:
         # The DAG files do not change during the test: parse them once, not every 30 s.
-        with running_stack(state, env={"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"},
-                           ports=("s3", "mlflow", "airflow", "postgres", "redis"), executor="celery",
-                           queues=("cpu", "gpu")) as stack:
+        with running_stack(
+            state,
+            env={"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"},
+            ports=("s3", "mlflow", "airflow", "postgres", "redis"),
+            executor="celery",
+            queues=("cpu", "gpu"),
+        ) as stack:
             token = airflow_token(stack.airflow_url, AIRFLOW_USER, stack.airflow_password() or "")
             wait_for_dag(stack.airflow_url, token, DAG)
             print(f"celery stack up and {DAG} parsed in {time.monotonic() - started:.0f}s")
@@ -87,28 +91,45 @@ def test_post_training_stages_run_on_the_worker_of_their_queue(celery_stack) -> 
     stack, token = celery_stack
     started = time.monotonic()
     api(stack.airflow_url, token, f"dags/{DAG}", "PATCH", {"is_paused": False})
-    run = api(stack.airflow_url, token, f"dags/{DAG}/dagRuns", "POST",
-              {"logical_date": None, "conf": {"rounds": 1, "stage_overrides": OVERRIDES}})
+    run = api(
+        stack.airflow_url,
+        token,
+        f"dags/{DAG}/dagRuns",
+        "POST",
+        {"logical_date": None, "conf": {"rounds": 1, "stage_overrides": OVERRIDES}},
+    )
     run_id = quote(run["dag_run_id"])
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while (state := api(stack.airflow_url, token, f"dags/{DAG}/dagRuns/{run_id}")["state"]) not in (
-            "success", "failed"):
+        "success",
+        "failed",
+    ):
         assert time.monotonic() < deadline, f"run {run_id} still {state} after {RUN_TIMEOUT_S}s"
         time.sleep(3)
-    tis = {ti["task_id"]: ti for ti in
-           api(stack.airflow_url, token, f"dags/{DAG}/dagRuns/{run_id}/taskInstances?limit=100")["task_instances"]}
+    tis = {
+        ti["task_id"]: ti
+        for ti in api(stack.airflow_url, token, f"dags/{DAG}/dagRuns/{run_id}/taskInstances?limit=100")[
+            "task_instances"
+        ]
+    }
     where = {task: (ti["state"], ti["queue"], ti["hostname"]) for task, ti in tis.items()}
     print(f"run {run_id} ended {state} after {time.monotonic() - started:.0f}s: {where}")
     assert state == "success", where
     assert tis["promote"]["state"] == "success" and tis["blocked"]["state"] == "skipped", where
 
     for task in GPU_TASKS:
-        assert (tis[task]["state"], tis[task]["queue"], tis[task]["hostname"]) == \
-            ("success", "gpu", worker_name("gpu")), (task, where)
+        assert (tis[task]["state"], tis[task]["queue"], tis[task]["hostname"]) == (
+            "success",
+            "gpu",
+            worker_name("gpu"),
+        ), (task, where)
         assert tis[task]["pool"] in ("gpu", "sandbox"), (task, tis[task]["pool"])
     for task in CPU_TASKS:
-        assert (tis[task]["state"], tis[task]["queue"], tis[task]["hostname"]) == \
-            ("success", "cpu", worker_name("cpu")), (task, where)
+        assert (tis[task]["state"], tis[task]["queue"], tis[task]["hostname"]) == (
+            "success",
+            "cpu",
+            worker_name("cpu"),
+        ), (task, where)
     # Every task a worker ran (the rounds beyond `rounds` too: they run, then skip) ran on its queue's worker.
     ran = {task: ti for task, ti in tis.items() if ti["hostname"]}
     assert set(ran) >= GPU_TASKS | CPU_TASKS

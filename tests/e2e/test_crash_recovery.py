@@ -28,9 +28,17 @@ DAG = "post_training"
 # The browser tests' tiny run, with one round long enough that a checkpoint exists well before its end.
 # Small steps (2 prompts x 4 samples, one draw each) keep the round short; the crash lands after the first
 # checkpoint, with 4 of 6 steps still to go.
-OVERRIDES = short_run(sft={"max_steps": 4},
-                      rl_round={"steps": 6, "checkpoint_every": 2, "prompts_per_step": 2, "samples_per_prompt": 4,
-                                "dynamic_sampling": False, "holdout_per_domain": 3})
+OVERRIDES = short_run(
+    sft={"max_steps": 4},
+    rl_round={
+        "steps": 6,
+        "checkpoint_every": 2,
+        "prompts_per_step": 2,
+        "samples_per_prompt": 4,
+        "dynamic_sampling": False,
+        "holdout_per_domain": 3,
+    },
+)
 RUN_TIMEOUT_S = 1200  # a guard for a shared machine, not the expected time
 RESUMED = re.compile(r"resumed from checkpoint step (\d+)")
 
@@ -39,8 +47,11 @@ RESUMED = re.compile(r"resumed from checkpoint step (\d+)")
 def stack(tmp_path_factory: pytest.TempPathFactory):
     # The production retry delay and lease TTL (tests/conftest.py shortens them for the other tests): the figure
     # printed below is what a real crash costs. The DAG files do not change: parse them once, not every 30 s.
-    env = {"POSTTRAIN_RETRY_DELAY_S": None, "POSTTRAIN_LEASE_TTL_S": None,
-           "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}
+    env = {
+        "POSTTRAIN_RETRY_DELAY_S": None,
+        "POSTTRAIN_LEASE_TTL_S": None,
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
+    }
     with running_stack(tmp_path_factory.mktemp("crash-stack"), env=env) as st:
         yield st
 
@@ -111,8 +122,11 @@ def test_crashed_round_resumes_and_the_run_finishes_on_its_own(stack: Stack) -> 
     wait_for_dag(api)
     api.call("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": False})
     run_root = f"s3://posttrain/crash/{uuid.uuid4().hex[:8]}"
-    run = api.call("POST", f"/api/v2/dags/{DAG}/dagRuns", {"logical_date": None, "conf": {
-        "run_root": run_root, "rounds": 1, "stage_overrides": OVERRIDES}})
+    run = api.call(
+        "POST",
+        f"/api/v2/dags/{DAG}/dagRuns",
+        {"logical_date": None, "conf": {"run_root": run_root, "rounds": 1, "stage_overrides": OVERRIDES}},
+    )
     run_id = run["dag_run_id"]
     started = time.monotonic()
 
@@ -144,8 +158,10 @@ def test_crashed_round_resumes_and_the_run_finishes_on_its_own(stack: Stack) -> 
     assert found is not None
     last_step = found[0]
     assert storage.read_manifest(stage_uri) is None, "the round finished before the crash: nothing to resume"
-    print(f"\ncrash at {crashed - started:.0f}s into the run: killed -9 scheduler tree {victims} and stage "
-          f"{stage_pid}; last complete checkpoint: step {last_step}")
+    print(
+        f"\ncrash at {crashed - started:.0f}s into the run: killed -9 scheduler tree {victims} and stage "
+        f"{stage_pid}; last complete checkpoint: step {last_step}"
+    )
 
     # A machine coming back: its scheduler starts again. Nothing else is done to the run.
     argv = dict(stack._service("airflow").companions)["airflow-scheduler"]
@@ -161,17 +177,22 @@ def test_crashed_round_resumes_and_the_run_finishes_on_its_own(stack: Stack) -> 
                 m = RESUMED.search(text)
                 if attempt > 1 and m:
                     resumed_at, resumed_step = now, int(m.group(1))
-                    print(f"round 1 resumed from step {resumed_step} (attempt {attempt}) "
-                          f"{resumed_at - crashed:.1f}s after the crash")
+                    print(
+                        f"round 1 resumed from step {resumed_step} (attempt {attempt}) "
+                        f"{resumed_at - crashed:.1f}s after the crash"
+                    )
         state = api.call("GET", f"/api/v2/dags/{DAG}/dagRuns/{run_id}")["state"]
         if state in ("success", "failed"):
             break
         time.sleep(1)
     finished = time.monotonic()
-    tis = {t["task_id"]: t for t in
-           api.call("GET", f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances")["task_instances"]}
-    print(f"run {state} {finished - crashed:.0f}s after the crash ({finished - started:.0f}s in all); "
-          f"rl_round_1 tries: {tis['rl_round_1']['try_number']}")
+    tis = {
+        t["task_id"]: t for t in api.call("GET", f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances")["task_instances"]
+    }
+    print(
+        f"run {state} {finished - crashed:.0f}s after the crash ({finished - started:.0f}s in all); "
+        f"rl_round_1 tries: {tis['rl_round_1']['try_number']}"
+    )
 
     assert state == "success", {k: t["state"] for k, t in tis.items()}
     assert resumed_step == last_step, f"resumed from {resumed_step}, last checkpoint before the crash {last_step}"

@@ -28,14 +28,26 @@ def test_tiny_dag_runs_sft_and_rl_under_torchrun_with_two_processes(airflow_db, 
     assert dag.get_task("evaluate").spec.nproc_per_node == 1
     name = f"dist-{uuid.uuid4().hex[:6]}"
     run_root = f"s3://posttrain/e2e-dist/{uuid.uuid4().hex[:8]}"
-    dr = dag.test(run_conf={"run_root": run_root, "rounds": 1, "stage_overrides": {
-        "taskset": {"counts": {"math": 300, "code": 40, "extraction": 40, "instruction": 40}},
-        "sft": {"max_steps": 12, "checkpoint_every": 6, "log_every": 6},
-        "rl_round": {"steps": 2, "prompts_per_step": 8, "checkpoint_every": 1, "holdout_per_domain": 4},
-        # evaluate runs on one process; a small evaluation without the long-context sweep keeps it short
-        "evaluate": {"model_name": name, "max_tasks_per_domain": 4, "n_samples": 1, "ks": [1],
-                     "long_context_tasks": 0},
-        "promote": {"model_name": name}}})
+    dr = dag.test(
+        run_conf={
+            "run_root": run_root,
+            "rounds": 1,
+            "stage_overrides": {
+                "taskset": {"counts": {"math": 300, "code": 40, "extraction": 40, "instruction": 40}},
+                "sft": {"max_steps": 12, "checkpoint_every": 6, "log_every": 6},
+                "rl_round": {"steps": 2, "prompts_per_step": 8, "checkpoint_every": 1, "holdout_per_domain": 4},
+                # evaluate runs on one process; a small evaluation without the long-context sweep keeps it short
+                "evaluate": {
+                    "model_name": name,
+                    "max_tasks_per_domain": 4,
+                    "n_samples": 1,
+                    "ks": [1],
+                    "long_context_tasks": 0,
+                },
+                "promote": {"model_name": name},
+            },
+        }
+    )
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     assert dr.state == "success", states
     runs = {key.split("/", 1)[0] for key in storage.iter_files(run_root)}

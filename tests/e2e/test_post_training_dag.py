@@ -27,16 +27,29 @@ def pipeline_run(airflow_db, local_stack):
     try:
         dag = DagBag(str(REPO / "dags")).dags["post_training"]
         run_root = f"s3://posttrain/e2e/{uuid.uuid4().hex[:8]}"
-        dr = dag.test(run_conf={"run_root": run_root, "rounds": 2, "stage_overrides": {
-            # The tiny profile with a shorter SFT, shorter rounds and a smaller evaluation: this test checks
-            # the product's path (stages, retry, resume, tracking, gate, promotion); how much RL lifts the tiny
-            # model is tests/training/stages/test_tiny_pipeline.py's job. 250 SFT steps (the profile's 450 cost ~2x
-            # the time) still leave a champion good enough that the damaged planted one regresses credibly.
-            "sft": {"max_steps": 250},
-            "rl_round": {"steps": 30, "checkpoint_every": 15},
-            "evaluate": {"model_name": MODEL_NAME, "max_tasks_per_domain": 60, "n_samples": 4, "ks": [1, 4],
-                         "long_context_tasks": 10},
-            "promote": {"model_name": MODEL_NAME}}})
+        dr = dag.test(
+            run_conf={
+                "run_root": run_root,
+                "rounds": 2,
+                "stage_overrides": {
+                    # The tiny profile with a shorter SFT, shorter rounds and a smaller evaluation: this test
+                    # checks the product's path (stages, retry, resume, tracking, gate, promotion); how much RL
+                    # lifts the tiny model is tests/training/stages/test_tiny_pipeline.py's job. 250 SFT steps
+                    # (the profile's 450 cost ~2x the time) still leave a champion good enough that the damaged
+                    # planted one regresses credibly.
+                    "sft": {"max_steps": 250},
+                    "rl_round": {"steps": 30, "checkpoint_every": 15},
+                    "evaluate": {
+                        "model_name": MODEL_NAME,
+                        "max_tasks_per_domain": 60,
+                        "n_samples": 4,
+                        "ks": [1, 4],
+                        "long_context_tasks": 10,
+                    },
+                    "promote": {"model_name": MODEL_NAME},
+                },
+            }
+        )
     finally:
         del os.environ["POSTTRAIN_KILL_AFTER_CHECKPOINT"]
     tis = {ti.task_id: ti for ti in dr.get_task_instances()}
@@ -90,8 +103,9 @@ def test_mlflow_shows_what_a_reviewer_expects(pipeline_run) -> None:
     by_stage = {r.data.tags[tracking.STAGE_TAG]: r for r in runs}
     assert by_stage["pipeline"].info.status == "FINISHED"
     assert by_stage["pipeline"].data.tags["posttrain.outcome"] == "promoted"
-    datasets = {stage: {(d.dataset.name, d.tags[0].value) for d in r.inputs.dataset_inputs}
-                for stage, r in by_stage.items()}
+    datasets = {
+        stage: {(d.dataset.name, d.tags[0].value) for d in r.inputs.dataset_inputs} for stage, r in by_stage.items()
+    }
     assert datasets["sft"] == {("taskset-train", "training")}
     assert datasets["rl_round_1"] == {("taskset-train", "training"), ("taskset-holdout", "evaluation")}
     assert datasets["evaluate"] == {("taskset-holdout", "evaluation")}
@@ -120,8 +134,11 @@ def test_killed_stage_was_retried_by_airflow_and_resumed(pipeline_run) -> None:
     killed, retry = lease.history(storage.join(run_uri, "rl_round_1"))
     assert (killed["released"], retry["outcome"]) == (False, "complete"), (killed, retry)  # kill -9 releases nothing
     # Nothing else was retried; if something was, its earlier attempt's lease record says why it ended.
-    retried = {task: lease.history(storage.join(run_uri, task)) for task, ti in tis.items()
-               if ti.try_number > 1 and task != "rl_round_1"}
+    retried = {
+        task: lease.history(storage.join(run_uri, task))
+        for task, ti in tis.items()
+        if ti.try_number > 1 and task != "rl_round_1"
+    }
     assert not retried, retried
     summary = storage.require_manifest(storage.join(run_uri, "rl_round_1")).extra["summary"]
     assert summary["resumed_from"] == 15
@@ -150,8 +167,10 @@ def test_gate_blocks_planted_degraded_checkpoint_and_reward_hack(pipeline_run, t
     champ_before = registry.champion(MODEL_NAME)
     run2 = f"{run_root}-planted"
     assert cli.main(["adopt", "--source", storage.join(first, "taskset"), "--as", "taskset", "--run", run2]) == 0
-    assert cli.main(["adopt", "--source", storage.join(first, "sft"), "--as", "sft", "--prefix", "model",
-                     "--run", run2]) == 0
+    assert (
+        cli.main(["adopt", "--source", storage.join(first, "sft"), "--as", "sft", "--prefix", "model", "--run", run2])
+        == 0
+    )
     model, tok = models.load_model(champ_before.source, "model", cache_dir=tmp_path / "champ")
     torch.manual_seed(0)
     with torch.no_grad():
@@ -160,8 +179,16 @@ def test_gate_blocks_planted_degraded_checkpoint_and_reward_hack(pipeline_run, t
     _plant_round(run2, "rl_round_1", model, tok, train_reward=0.30)
     _plant_round(run2, "rl_round_2", model, tok, train_reward=0.85)
 
-    overrides = ["--set", f"model_name={MODEL_NAME}", "--set", "max_tasks_per_domain=100",
-                 "--set", "n_samples=4", "--set", "ks=[1,4]"]
+    overrides = [
+        "--set",
+        f"model_name={MODEL_NAME}",
+        "--set",
+        "max_tasks_per_domain=100",
+        "--set",
+        "n_samples=4",
+        "--set",
+        "ks=[1,4]",
+    ]
     assert cli.main(["evaluate", "--run", run2, *overrides]) == 0
     assert cli.main(["gate", "--run", run2]) == 0
     verdict = storage.read_json(storage.require_manifest(storage.join(run2, "gate")), "verdict.json")

@@ -76,8 +76,10 @@ def test_up_status_down_full_stack(tmp_path: Path) -> None:
         env_file = (tmp_path / "state" / "env").read_text()
         assert f"MLFLOW_TRACKING_URI=http://127.0.0.1:{ports['mlflow']}" in env_file
 
-        groups = [os.getpgid(stack.running_pid(n)) for n in
-                  ("s3", "mlflow", "airflow", "airflow-scheduler", "airflow-dag-processor")]
+        groups = [
+            os.getpgid(stack.running_pid(n))
+            for n in ("s3", "mlflow", "airflow", "airflow-scheduler", "airflow-dag-processor")
+        ]
         assert all(_group_members(g) for g in groups)
         down = subprocess.run(cli + ["down"], capture_output=True, text=True, timeout=120)
         assert down.returncode == 0, down.stderr
@@ -105,9 +107,14 @@ def test_s3_answers_only_with_its_buckets(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # Built beforehand, with no retries: the HEADs must follow the first answer at once, and a 404 must show.
-    s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=DEV_ACCESS_KEY,
-                      aws_secret_access_key=DEV_SECRET_KEY,
-                      config=Config(retries={"total_max_attempts": 1}, connect_timeout=5, read_timeout=10))
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id=DEV_ACCESS_KEY,
+        aws_secret_access_key=DEV_SECRET_KEY,
+        config=Config(retries={"total_max_attempts": 1}, connect_timeout=5, read_timeout=10),
+    )
     stop = threading.Event()
     seen: dict[str, object] = {}
 
@@ -223,8 +230,13 @@ def test_s3_keeps_objects_across_restarts_and_a_wiped_s3_starts_mlflow_over(tmp_
     stack = Stack(tmp_path / "state", {"s3": free_port(), "mlflow": free_port()})
     try:
         stack.up(("s3", "mlflow"), quiet=True)
-        s3 = boto3.client("s3", endpoint_url=stack.s3_url, region_name="us-east-1",
-                          aws_access_key_id=DEV_ACCESS_KEY, aws_secret_access_key=DEV_SECRET_KEY)
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=stack.s3_url,
+            region_name="us-east-1",
+            aws_access_key_id=DEV_ACCESS_KEY,
+            aws_secret_access_key=DEV_SECRET_KEY,
+        )
         s3.put_object(Bucket="posttrain", Key="runs/r1/rl_round_2/model/weights.bin", Body=b"w" * 1000)
         client = MlflowClient(stack.mlflow_url)
         client.create_registered_model("tiny")
@@ -269,6 +281,6 @@ def _listening(port: int) -> set[str]:
                 continue
             raw = bytes.fromhex(addr_hex)
             # The kernel prints each 32-bit word in host (little-endian) order.
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
             found.add(str(ipaddress.ip_address(raw)))
     return found

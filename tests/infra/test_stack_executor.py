@@ -50,8 +50,20 @@ def test_the_mode_comes_from_the_flag_or_the_environment(tmp_path: Path, monkeyp
     assert Stack(tmp_path, executor="local").executor == "local"
     with pytest.raises(StackError, match="not one of"):
         Stack(tmp_path, executor="kubernetes")
-    cli = subprocess.run([sys.executable, str(REPO / "infra/local/stack.py"), "--state-dir", str(tmp_path),
-                          "--executor", "bogus", "status"], capture_output=True, text=True, timeout=60)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "infra/local/stack.py"),
+            "--state-dir",
+            str(tmp_path),
+            "--executor",
+            "bogus",
+            "status",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode == 2 and "invalid choice" in cli.stderr
 
 

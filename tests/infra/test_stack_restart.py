@@ -28,14 +28,21 @@ def test_down_up_keeps_models_checkpoints_and_mlflow_artifacts(tmp_path: Path) -
 
     ports = {"s3": free_port(), "mlflow": free_port()}
     stack = Stack(tmp_path / "state", ports)
-    cmd = [sys.executable, str(REPO / "infra/local/stack.py"), "--state-dir", str(stack.state),
-           "--services", "s3,mlflow", *(f"--port-{k}={v}" for k, v in ports.items())]
+    cmd = [
+        sys.executable,
+        str(REPO / "infra/local/stack.py"),
+        "--state-dir",
+        str(stack.state),
+        "--services",
+        "s3,mlflow",
+        *(f"--port-{k}={v}" for k, v in ports.items()),
+    ]
     saved = dict(os.environ)
     try:
         assert subprocess.run([*cmd, "up"], capture_output=True, timeout=300).returncode == 0
         os.environ.update(stack.client_env())
         run = f"s3://posttrain/runs/restart-{uuid.uuid4().hex[:8]}"
-        small = ["--set", "counts={\"math\": 200, \"code\": 40, \"extraction\": 40}"]
+        small = ["--set", 'counts={"math": 200, "code": 40, "extraction": 40}']
         assert cli.main(["build-taskset", "--run", run, *small]) == 0
         assert cli.main(["sft", "--run", run, "--set", "max_steps=4", "--set", "checkpoint_every=2"]) == 0
         sft = storage.require_manifest(storage.join(run, "sft"))

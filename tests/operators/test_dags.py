@@ -53,33 +53,67 @@ def test_nightly_and_refresh_wiring(dagbag) -> None:
 def test_stage_configs_from_params() -> None:
     from training.profiles import TINY
 
-    params = {"seed": 3, "k": 4, "learning_rate": 1e-3, "kl_coef": 0.05, "mix": {"math": 1.0},
-              "base_model": "", "profile": "tiny"}
+    params = {
+        "seed": 3,
+        "k": 4,
+        "learning_rate": 1e-3,
+        "kl_coef": 0.05,
+        "mix": {"math": 1.0},
+        "base_model": "",
+        "profile": "tiny",
+    }
     # The tiny preset first, the form's knobs on top.
     assert json.loads(stage_config("rl_round_2", params)) == {
-        **TINY["rl_round"], "seed": 3, "samples_per_prompt": 4, "lr": 1e-3, "beta": 0.05,
-        "domain_weights": {"math": 1.0}}
-    assert json.loads(stage_config("taskset", params)) == {**TINY["taskset"], "profile": "tiny", "seed": 3,
-                                                           "mix": {"math": 1.0}}
+        **TINY["rl_round"],
+        "seed": 3,
+        "samples_per_prompt": 4,
+        "lr": 1e-3,
+        "beta": 0.05,
+        "domain_weights": {"math": 1.0},
+    }
+    assert json.loads(stage_config("taskset", params)) == {
+        **TINY["taskset"],
+        "profile": "tiny",
+        "seed": 3,
+        "mix": {"math": 1.0},
+    }
     # A base model of the user's gets the pretrained-model preset of its size, not the tiny one; knobs on top.
     from training.profiles import PRETRAINED_TIERS
 
     assert json.loads(stage_config("sft", {**params, "base_model": "s3://m/x"})) == {
-        **PRETRAINED_TIERS["1.5B"]["sft"], "seed": 3, "base_model": "s3://m/x"}
+        **PRETRAINED_TIERS["1.5B"]["sft"],
+        "seed": 3,
+        "base_model": "s3://m/x",
+    }
     qwen7 = {**params, "base_model": "Qwen/Qwen2.5-7B-Instruct"}
     assert json.loads(stage_config("rl_round_1", qwen7)) == {
-        **PRETRAINED_TIERS["8B"]["rl_round"], "seed": 3, "samples_per_prompt": 4, "lr": 1e-3, "beta": 0.05,
-        "domain_weights": {"math": 1.0}}
+        **PRETRAINED_TIERS["8B"]["rl_round"],
+        "seed": 3,
+        "samples_per_prompt": 4,
+        "lr": 1e-3,
+        "beta": 0.05,
+        "domain_weights": {"math": 1.0},
+    }
     assert json.loads(stage_config("rl_round_1", qwen7))["lora"]["enabled"] is True
     # Knobs left empty in the form keep the preset (or the stage defaults).
     assert json.loads(stage_config("rl_round_1", {"seed": 0, "k": None, "learning_rate": None})) == {
-        **TINY["rl_round"], "seed": 0}
+        **TINY["rl_round"],
+        "seed": 0,
+    }
     assert json.loads(stage_config("sft", {"base_model": "", "profile": "data"})) == {"seed": 0}
     assert json.loads(stage_config("gate", params)) == {}
-    gate = {**params, "gate_metrics": ["pass1", "long_context"], "noninferiority_margin": 0.03, "max_kl": 0.5,
-            "min_entropy_ratio": None}
-    assert json.loads(stage_config("gate", gate)) == {"metrics": ["pass1", "long_context"],
-                                                      "noninferiority_margin": 0.03, "max_kl": 0.5}
+    gate = {
+        **params,
+        "gate_metrics": ["pass1", "long_context"],
+        "noninferiority_margin": 0.03,
+        "max_kl": 0.5,
+        "min_entropy_ratio": None,
+    }
+    assert json.loads(stage_config("gate", gate)) == {
+        "metrics": ["pass1", "long_context"],
+        "noninferiority_margin": 0.03,
+        "max_kl": 0.5,
+    }
     from training.config import from_dict
     from training.evaluation.gate_rules import GateConfig
 
@@ -96,14 +130,18 @@ def _plant_report(run_uri: str, candidate_rates: dict, sft_rates: dict) -> None:
     from training import storage
 
     def model(rates):
-        return {"uri": "", "domains": {d: {"pass1": {"passed": round(r * 100), "total": 100}}
-                                       for d, r in rates.items()}}
+        return {
+            "uri": "",
+            "domains": {d: {"pass1": {"passed": round(r * 100), "total": 100}} for d, r in rates.items()},
+        }
 
     cand = storage.ManifestWriter(storage.join(run_uri, "rl_round_1"))
     cand.put_bytes(b"w", "model/model.safetensors")
     cand.commit()
-    report = {"models": {"candidate": {**model(candidate_rates), "uri": cand.uri}, "sft": model(sft_rates)},
-              "candidate_stage": "rl_round_1"}
+    report = {
+        "models": {"candidate": {**model(candidate_rates), "uri": cand.uri}, "sft": model(sft_rates)},
+        "candidate_stage": "rl_round_1",
+    }
     ev = storage.ManifestWriter(storage.join(run_uri, "evaluate"))
     ev.put_json(report, "report.json")
     ev.commit()
@@ -123,8 +161,11 @@ def _links(ti) -> dict:
 
     with create_session() as session:
         rows = session.query(XComModel).filter_by(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id).all()
-        return {r.key: r.value if isinstance(r.value, dict) else json.loads(r.value) for r in rows
-                if r.key.startswith("posttrain_")}
+        return {
+            r.key: r.value if isinstance(r.value, dict) else json.loads(r.value)
+            for r in rows
+            if r.key.startswith("posttrain_")
+        }
 
 
 @pytest.mark.slow
@@ -138,7 +179,8 @@ def test_gate_and_promote_through_airflow(airflow_db, tmp_path, monkeypatch, imp
     name = f"m-{'good' if improves else 'bad'}"
     _plant_report(run_uri, {"math": 0.7 if improves else 0.2}, {"math": 0.4})
     dr = _test_dag("test_gate_flow").test(
-        run_conf={"run_uri": run_uri, "promote_config": json.dumps({"model_name": name})})
+        run_conf={"run_uri": run_uri, "promote_config": json.dumps({"model_name": name})}
+    )
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     assert dr.state == "success", states
     gate_ti = next(ti for ti in dr.get_task_instances() if ti.task_id == "gate")

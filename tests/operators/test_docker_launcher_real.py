@@ -29,8 +29,16 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKER_CONN = "posttrain_test_docker"
 TASKSET = {"counts": {"math": 200, "code": 40, "extraction": 40}}
 # A one-layer model: each step takes milliseconds, so the stage's time is its start-up and its uploads.
-SFT = {"max_steps": 12, "batch_size": 4, "max_seq_len": 64, "vocab_size": 300, "checkpoint_every": 4,
-       "log_every": 1, "warmup_steps": 2, "tiny": {"n_layer": 1, "n_embd": 32, "n_head": 2}}
+SFT = {
+    "max_steps": 12,
+    "batch_size": 4,
+    "max_seq_len": 64,
+    "vocab_size": 300,
+    "checkpoint_every": 4,
+    "log_every": 1,
+    "warmup_steps": 2,
+    "tiny": {"n_layer": 1, "n_embd": 32, "n_head": 2},
+}
 
 
 class Deployment:
@@ -42,19 +50,28 @@ class Deployment:
     def spec(self, command: str, **changes: Any) -> StageSpec:
         import sys
 
-        env = {"PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/tmp",
-               "PYTHONDONTWRITEBYTECODE": "1",
-               # MLflow downloads artifacts from presigned URLs on the server's own S3 endpoint, here the host's
-               # 127.0.0.1, which a container cannot reach (under compose both use minio:9000); through the
-               # server instead. A resumed SFT downloads its sample table to append to it.
-               "MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD": "false"}
+        env = {
+            "PATH": f"{sys.prefix}/bin:/usr/bin:/bin",
+            "PYTHONPATH": str(REPO),
+            "HOME": "/tmp",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            # MLflow downloads artifacts from presigned URLs on the server's own S3 endpoint, here the host's
+            # 127.0.0.1, which a container cannot reach (under compose both use minio:9000); through the
+            # server instead. A resumed SFT downloads its sample table to append to it.
+            "MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD": "false",
+        }
         return StageSpec(command, launcher="docker", image=self.image, env=env, timeout_s=240, **changes)
 
     def operator(self, spec: StageSpec, run_uri: str, config: dict[str, Any]) -> Any:
         from operators.stage_operator import PosttrainStageOperator
 
-        return PosttrainStageOperator(task_id=f"{spec.command}-{uuid.uuid4().hex[:6]}", spec=spec, run_uri=run_uri,
-                                      config=json.dumps(config), docker_conn_id=DOCKER_CONN)
+        return PosttrainStageOperator(
+            task_id=f"{spec.command}-{uuid.uuid4().hex[:6]}",
+            spec=spec,
+            run_uri=run_uri,
+            config=json.dumps(config),
+            docker_conn_id=DOCKER_CONN,
+        )
 
 
 def new_run_uri() -> str:
@@ -92,14 +109,24 @@ def deployment(docker_engine, local_stack) -> Iterator[Deployment]:
     relays = {svc: Relay(gateway, local_stack.ports[svc]) for svc in ("s3", "mlflow")}
     s3 = f"http://{gateway}:{relays['s3'].port}"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
-            "conn_type": "aws", "login": local_stack.client_env()["AWS_ACCESS_KEY_ID"],
-            "password": local_stack.client_env()["AWS_SECRET_ACCESS_KEY"],
-            "extra": {"endpoint_url": s3, "region_name": "us-east-1"}}))
-        mp.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps({
-            "conn_type": "http", "host": gateway, "port": relays["mlflow"].port, "schema": "http"}))
-        mp.setenv(f"AIRFLOW_CONN_{DOCKER_CONN.upper()}", json.dumps({"conn_type": "docker",
-                                                                      "host": docker_engine.host}))
+        mp.setenv(
+            "AIRFLOW_CONN_AWS_DEFAULT",
+            json.dumps(
+                {
+                    "conn_type": "aws",
+                    "login": local_stack.client_env()["AWS_ACCESS_KEY_ID"],
+                    "password": local_stack.client_env()["AWS_SECRET_ACCESS_KEY"],
+                    "extra": {"endpoint_url": s3, "region_name": "us-east-1"},
+                }
+            ),
+        )
+        mp.setenv(
+            "AIRFLOW_CONN_MLFLOW_DEFAULT",
+            json.dumps({"conn_type": "http", "host": gateway, "port": relays["mlflow"].port, "schema": "http"}),
+        )
+        mp.setenv(
+            f"AIRFLOW_CONN_{DOCKER_CONN.upper()}", json.dumps({"conn_type": "docker", "host": docker_engine.host})
+        )
         mp.setenv("POSTTRAIN_DOCKER_NETWORK", name)
         mp.setenv("POSTTRAIN_DOCKER_VOLUMES", stage_volumes(REPO))
         try:
@@ -129,8 +156,9 @@ def taskset(deployment, local_stack) -> dict[str, Any]:
     return {"run_uri": run_uri, "rc": rc, "lines": lines, "inspect": seen}
 
 
-def test_stage_runs_in_a_container_on_the_network_with_limits_and_connection_env(deployment, taskset,
-                                                                                local_stack) -> None:
+def test_stage_runs_in_a_container_on_the_network_with_limits_and_connection_env(
+    deployment, taskset, local_stack
+) -> None:
     from mlflow.tracking import MlflowClient
 
     from training import storage

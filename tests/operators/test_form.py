@@ -9,8 +9,13 @@ import pytest
 
 from operators.form import ADVANTAGE_LABELS, ENGINE_LABELS, LOSS_AGG_LABELS, MAX_ROUNDS, PARAMS, PROFILE_LABELS
 
-SECTIONS = {"Data", "Supervised fine-tuning (SFT)", "Reinforcement learning (GRPO rounds)", "Evaluation and gate",
-            "Advanced"}
+SECTIONS = {
+    "Data",
+    "Supervised fine-tuning (SFT)",
+    "Reinforcement learning (GRPO rounds)",
+    "Evaluation and gate",
+    "Advanced",
+}
 
 
 def _validated(values: dict) -> dict:
@@ -44,28 +49,31 @@ def test_dropdowns_match_the_code() -> None:
     assert set(PROFILE_LABELS) == set(PROFILES)
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("rounds", MAX_ROUNDS + 1, "maximum"),
-    ("rounds", -1, "minimum"),
-    ("k", 1, "minimum"),
-    ("learning_rate", 0, "exclusiveMinimum"),
-    ("kl_coef", -0.1, "minimum"),
-    ("profile", "huge", "not one of"),
-    ("advantage", "ppo", "not one of"),
-    ("rollout_engine", "sglang", "not one of"),
-    ("mix", {"math": 2}, "maximum"),
-    ("mix", {"poetry": 0.5}, "poetry"),
-    ("base_model", "my model", "does not match"),
-    ("run_root", "/tmp/runs", "does not match"),
-    ("stage_overrides", {"sfft": {}}, "sfft"),
-    ("approval_timeout_hours", 0, "exclusiveMinimum"),
-    ("seed", "one", "not of type"),
-    ("gate_metrics", ["pass1", "vibes"], "not one of"),
-    ("gate_metrics", ["pass1", "pass1"], "non-unique"),
-    ("noninferiority_margin", 0.6, "maximum"),
-    ("max_kl", -1, "minimum"),
-    ("min_entropy_ratio", 1.5, "maximum"),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("rounds", MAX_ROUNDS + 1, "maximum"),
+        ("rounds", -1, "minimum"),
+        ("k", 1, "minimum"),
+        ("learning_rate", 0, "exclusiveMinimum"),
+        ("kl_coef", -0.1, "minimum"),
+        ("profile", "huge", "not one of"),
+        ("advantage", "ppo", "not one of"),
+        ("rollout_engine", "sglang", "not one of"),
+        ("mix", {"math": 2}, "maximum"),
+        ("mix", {"poetry": 0.5}, "poetry"),
+        ("base_model", "my model", "does not match"),
+        ("run_root", "/tmp/runs", "does not match"),
+        ("stage_overrides", {"sfft": {}}, "sfft"),
+        ("approval_timeout_hours", 0, "exclusiveMinimum"),
+        ("seed", "one", "not of type"),
+        ("gate_metrics", ["pass1", "vibes"], "not one of"),
+        ("gate_metrics", ["pass1", "pass1"], "non-unique"),
+        ("noninferiority_margin", 0.6, "maximum"),
+        ("max_kl", -1, "minimum"),
+        ("min_entropy_ratio", 1.5, "maximum"),
+    ],
+)
 def test_bad_values_get_a_message_naming_the_field(field, value, words) -> None:
     from airflow.sdk.exceptions import ParamValidationError
 
@@ -78,14 +86,21 @@ def test_bad_values_get_a_message_naming_the_field(field, value, words) -> None:
 def test_approval_body_and_tags() -> None:
     from operators.approval import approval_body, approval_tags
 
-    body = approval_body({"decision": "promote", "reasons": ["math: +12.0 points vs sft"]},
-                         {"candidate_stage": "rl_round_2", "candidate_uri": "s3://b/r/rl_round_2",
-                          "pass1": {"candidate": {"math": 0.42, "code": 0.1}, "sft": {"math": 0.3, "code": 0.1}}})
+    body = approval_body(
+        {"decision": "promote", "reasons": ["math: +12.0 points vs sft"]},
+        {
+            "candidate_stage": "rl_round_2",
+            "candidate_uri": "s3://b/r/rl_round_2",
+            "pass1": {"candidate": {"math": 0.42, "code": 0.1}, "sft": {"math": 0.3, "code": 0.1}},
+        },
+    )
     assert "**Gate verdict: promote**" in body and "- math: +12.0 points vs sft" in body
     assert "| domain | candidate | sft |" in body and "| math | 42.0% | 30.0% |" in body
     assert approval_tags({"asked": False}) == {}
     assert approval_tags({"asked": True, "approved": True, "by": "admin", "at": "2026-12-03T08:00:00+00:00"}) == {
-        "posttrain.approved_by": "admin", "posttrain.approved_at": "2026-12-03T08:00:00+00:00"}
+        "posttrain.approved_by": "admin",
+        "posttrain.approved_at": "2026-12-03T08:00:00+00:00",
+    }
 
 
 def test_promote_config_carries_the_approval() -> None:
@@ -93,8 +108,7 @@ def test_promote_config_carries_the_approval() -> None:
 
     approval = {"asked": True, "approved": True, "by": "admin", "at": "t"}
     cfg = json.loads(promote_config({"stage_overrides": {"promote": {"model_name": "m"}}}, approval))
-    assert cfg == {"model_name": "m", "version_tags": {"posttrain.approved_by": "admin",
-                                                       "posttrain.approved_at": "t"}}
+    assert cfg == {"model_name": "m", "version_tags": {"posttrain.approved_by": "admin", "posttrain.approved_at": "t"}}
     assert json.loads(promote_config({}, {"asked": False})) == {}
 
 
@@ -104,4 +118,6 @@ def test_pipeline_outcome() -> None:
     assert outcome({"sft": "success", "promote": "success", "blocked": "skipped"}) == ("FINISHED", "promoted")
     assert outcome({"promote": "skipped", "blocked": "success"}) == ("FINISHED", "blocked")
     assert outcome({"sft": "failed", "promote": "upstream_failed", "blocked": "upstream_failed"}) == (
-        "FAILED", "failed")
+        "FAILED",
+        "failed",
+    )

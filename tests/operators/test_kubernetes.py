@@ -13,8 +13,9 @@ kubernetes = pytest.importorskip("kubernetes")
 
 
 def test_pod_manifest_requests_gpus_and_limits() -> None:
-    spec = StageSpec("rl-round", launcher="kubernetes", image="reg/posttrain-train:1", gpus=4, memory="64Gi",
-                     cpus=16, timeout_s=3600)
+    spec = StageSpec(
+        "rl-round", launcher="kubernetes", image="reg/posttrain-train:1", gpus=4, memory="64Gi", cpus=16, timeout_s=3600
+    )
     pod = pod_manifest(spec, ["posttrain", "rl-round"], {"B": "2", "A": "1"}, "p1", "ml", "trainer")
     container = pod["spec"]["containers"][0]
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "4", "memory": "64Gi", "cpu": "16"}
@@ -40,7 +41,8 @@ def test_pod_lifecycle_streams_logs_and_deletes_pod() -> None:
     api.read_namespaced_pod_log.return_value = stream
     lines: list[str] = []
     rc = KubernetesLauncher(api, namespace="ml", poll_s=0).run(
-        StageSpec("sft", launcher="kubernetes"), ["posttrain", "sft"], {}, lines.append)
+        StageSpec("sft", launcher="kubernetes"), ["posttrain", "sft"], {}, lines.append
+    )
     assert rc == 3 and lines == ["a", "POSTTRAIN_RESULT {}"]
     name = api.create_namespaced_pod.call_args.kwargs["body"]["metadata"]["name"]
     assert name.startswith("posttrain-sft-")
@@ -52,8 +54,17 @@ def test_multi_node_form_is_a_pytorchjob_with_c10d_rendezvous() -> None:
 
     spec = StageSpec("rl-round", launcher="kubernetes", gpus=8, nproc_per_node=8, nnodes=3, timeout_s=7200)
     argv = spec.argv("s3://b/runs/r1", None)
-    assert argv[:9] == ["torchrun", "--nproc-per-node", "8", "--nnodes", "3", "--rdzv-backend", "c10d",
-                        "--rdzv-endpoint", "$(MASTER_ADDR):29500"]
+    assert argv[:9] == [
+        "torchrun",
+        "--nproc-per-node",
+        "8",
+        "--nnodes",
+        "3",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "$(MASTER_ADDR):29500",
+    ]
     assert argv[-6:] == ["-m", "training.cli", "--", "rl-round", "--run", "s3://b/runs/r1"]
     job = pytorchjob_manifest(spec, argv, {"A": "1"}, "pt-1", "ml")
     assert job["kind"] == "PyTorchJob" and job["spec"]["nprocPerNode"] == "8"
@@ -70,8 +81,18 @@ def test_multi_node_form_is_a_pytorchjob_with_c10d_rendezvous() -> None:
 def test_one_node_pod_runs_torchrun_standalone_with_a_gpu_per_process() -> None:
     spec = StageSpec("sft", launcher="kubernetes", gpus=1, nproc_per_node=4)
     argv = spec.argv("s3://b/r", None)
-    assert argv == ["torchrun", "--nproc-per-node", "4", "--standalone", "-m", "training.cli", "--", "sft",
-                    "--run", "s3://b/r"]
+    assert argv == [
+        "torchrun",
+        "--nproc-per-node",
+        "4",
+        "--standalone",
+        "-m",
+        "training.cli",
+        "--",
+        "sft",
+        "--run",
+        "s3://b/r",
+    ]
     api = mock.Mock()
     api.read_namespaced_pod_status.return_value = _status("Succeeded", 0)
     assert KubernetesLauncher(core_v1=api, poll_s=0).run(spec, argv, {}, print) == 0

@@ -55,8 +55,11 @@ def test_local_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild.pid"
     lines: list[str] = []
     result: dict = {}
-    t = threading.Thread(target=lambda: result.update(rc=launcher.run(
-        StageSpec("sft"), [sys.executable, "-c", CHILD, str(pidfile)], {}, lines.append)))
+    t = threading.Thread(
+        target=lambda: result.update(
+            rc=launcher.run(StageSpec("sft"), [sys.executable, "-c", CHILD, str(pidfile)], {}, lines.append)
+        )
+    )
     t.start()
     deadline = time.monotonic() + 20
     while not (lines and pidfile.exists()) and time.monotonic() < deadline:
@@ -74,8 +77,9 @@ def test_local_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
 
 def test_local_timeout_stops_stage() -> None:
     with pytest.raises(StageTimeout, match="timeout of 1s"):
-        LocalProcessLauncher(grace_s=1).run(StageSpec("sft", timeout_s=1),
-                                            [sys.executable, "-c", "import time; time.sleep(60)"], {}, print)
+        LocalProcessLauncher(grace_s=1).run(
+            StageSpec("sft", timeout_s=1), [sys.executable, "-c", "import time; time.sleep(60)"], {}, print
+        )
 
 
 docker = pytest.importorskip("docker")
@@ -86,15 +90,23 @@ def client():
     client = mock.Mock(spec=docker.DockerClient)
     client.containers = mock.Mock(spec=docker.models.containers.ContainerCollection)
     container = mock.Mock(spec=docker.models.containers.Container)
-    container.logs.return_value = iter([b"hello\nPOSTTRAIN_RES", b"ULT {\"a\": 1}\n", b"tail"])
+    container.logs.return_value = iter([b"hello\nPOSTTRAIN_RES", b'ULT {"a": 1}\n', b"tail"])
     container.wait.return_value = {"StatusCode": 0}
     client.containers.run.return_value = container
     return client
 
 
 def test_docker_requests_gpus_limits_and_streams(client) -> None:
-    spec = StageSpec("rl-round", args=("--round", "1"), launcher="docker", image="posttrain-train:1",
-                     gpus=2, memory="32g", cpus=8, pids=4096)
+    spec = StageSpec(
+        "rl-round",
+        args=("--round", "1"),
+        launcher="docker",
+        image="posttrain-train:1",
+        gpus=2,
+        memory="32g",
+        cpus=8,
+        pids=4096,
+    )
     lines: list[str] = []
     rc = DockerLauncher(client).run(spec, ["posttrain", "rl-round"], {"AWS_ACCESS_KEY_ID": "k"}, lines.append)
     assert rc == 0
@@ -130,13 +142,20 @@ def test_docker_nonzero_exit_code(client) -> None:
 def test_docker_from_env_joins_the_network_and_mounts_the_cache(client) -> None:
     from operators.launchers.docker import from_env
 
-    launcher = from_env(client, {"POSTTRAIN_DOCKER_NETWORK": "posttrain",
-                                 "POSTTRAIN_DOCKER_VOLUMES": "posttrain-hf-cache:/cache, data:/data:ro"})
+    launcher = from_env(
+        client,
+        {
+            "POSTTRAIN_DOCKER_NETWORK": "posttrain",
+            "POSTTRAIN_DOCKER_VOLUMES": "posttrain-hf-cache:/cache, data:/data:ro",
+        },
+    )
     launcher.run(StageSpec("sft", launcher="docker"), ["posttrain"], {}, lambda _: None)
     kwargs = client.containers.run.call_args.kwargs
     assert kwargs["network"] == "posttrain"
-    assert kwargs["volumes"] == {"posttrain-hf-cache": {"bind": "/cache", "mode": "rw"},
-                                 "data": {"bind": "/data", "mode": "ro"}}
+    assert kwargs["volumes"] == {
+        "posttrain-hf-cache": {"bind": "/cache", "mode": "rw"},
+        "data": {"bind": "/data", "mode": "ro"},
+    }
 
 
 def test_docker_from_env_defaults_and_rejects_bad_volumes(client) -> None:
@@ -159,8 +178,7 @@ def test_local_starts_torchrun_with_nproc_per_node_processes() -> None:
     argv = spec.argv("", None)
     assert argv[:5] == ["torchrun", "--nproc-per-node", "2", "--standalone", "-m"]
     lines: list[str] = []
-    rc = LocalProcessLauncher().run(spec, argv, {"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-                                    lines.append)
+    rc = LocalProcessLauncher().run(spec, argv, {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}, lines.append)
     assert rc == 0, lines[-20:]
     assert sum(line.startswith("usage: posttrain sft") for line in lines) == 2, lines[:20]
 

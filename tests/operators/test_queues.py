@@ -39,17 +39,29 @@ def test_every_task_carries_its_kinds_queue(dagbag) -> None:
 
 
 def test_queue_names_come_from_the_environment() -> None:
-    renamed = Queues.from_env({"POSTTRAIN_QUEUE_GPU": "a100", "POSTTRAIN_QUEUE_CPU": " ",
-                               "POSTTRAIN_QUEUE_SANDBOX": "sbx"})
-    assert (renamed.for_command("rl-round"), renamed.for_command("gate"), renamed.for_command("score")) == \
-        ("a100", "cpu", "sbx")
+    renamed = Queues.from_env(
+        {"POSTTRAIN_QUEUE_GPU": "a100", "POSTTRAIN_QUEUE_CPU": " ", "POSTTRAIN_QUEUE_SANDBOX": "sbx"}
+    )
+    assert (renamed.for_command("rl-round"), renamed.for_command("gate"), renamed.for_command("score")) == (
+        "a100",
+        "cpu",
+        "sbx",
+    )
     assert Queues.from_env({}) == Queues()
     # The DAG files read them when parsed: a dag-processor with POSTTRAIN_QUEUE_GPU set puts sft on that queue.
-    code = ("from airflow.dag_processing.dagbag import DagBag; "
-            f"d = DagBag({str(REPO / 'dags')!r}).dags['post_training']; "
-            "print(d.get_task('sft').queue, d.get_task('gate').queue)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
-                         env={**os.environ, "POSTTRAIN_QUEUE_GPU": "a100", "POSTTRAIN_QUEUE_CPU": "small"})
+    code = (
+        "from airflow.dag_processing.dagbag import DagBag; "
+        f"d = DagBag({str(REPO / 'dags')!r}).dags['post_training']; "
+        "print(d.get_task('sft').queue, d.get_task('gate').queue)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "POSTTRAIN_QUEUE_GPU": "a100", "POSTTRAIN_QUEUE_CPU": "small"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["a100", "small"]
 

@@ -15,13 +15,19 @@ def test_plugin_registers_both_links() -> None:
 
 
 def test_link_formats() -> None:
-    assert MlflowRunLink.format_str.format(ui_url="http://m:5000", experiment_id="3", run_id="ab") == \
-        "http://m:5000/#/experiments/3/runs/ab?workflowType=machine_learning"
+    assert (
+        MlflowRunLink.format_str.format(ui_url="http://m:5000", experiment_id="3", run_id="ab")
+        == "http://m:5000/#/experiments/3/runs/ab?workflowType=machine_learning"
+    )
     # Never the S3 endpoint's raw XML: the configured browser (the stack's Airflow plugin, MinIO's console) ...
-    stack = {"POSTTRAIN_BROWSE_URL": "http://127.0.0.1:8080/posttrain/browse?uri={uri}",
-             "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000"}
-    assert browse_url("s3://posttrain/runs/r1/sft", stack) == \
-        "http://127.0.0.1:8080/posttrain/browse?uri=s3%3A%2F%2Fposttrain%2Fruns%2Fr1%2Fsft"
+    stack = {
+        "POSTTRAIN_BROWSE_URL": "http://127.0.0.1:8080/posttrain/browse?uri={uri}",
+        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000",
+    }
+    assert (
+        browse_url("s3://posttrain/runs/r1/sft", stack)
+        == "http://127.0.0.1:8080/posttrain/browse?uri=s3%3A%2F%2Fposttrain%2Fruns%2Fr1%2Fsft"
+    )
     minio = {"POSTTRAIN_BROWSE_URL": "http://localhost:9001/browser/{bucket}/{key}"}
     assert browse_url("s3://posttrain/runs/r1/sft", minio) == "http://localhost:9001/browser/posttrain/runs/r1/sft/"
     # ... or AWS's console.
@@ -62,12 +68,18 @@ def test_sandbox_connection_becomes_stage_env(monkeypatch) -> None:
     # An Airflow connection defined the standard way (AIRFLOW_CONN_*), read through Airflow's own lookup.
     from plugins.hooks import SandboxServiceHook
 
-    monkeypatch.setenv("AIRFLOW_CONN_SANDBOX_DEFAULT", json.dumps(
-        {"conn_type": "http", "host": "sandbox", "port": 8081, "password": "s3cret"}))
-    assert SandboxServiceHook().stage_env() == {"POSTTRAIN_SANDBOX_URL": "http://sandbox:8081",
-                                                "POSTTRAIN_SANDBOX_TOKEN": "s3cret"}
-    monkeypatch.setenv("AIRFLOW_CONN_SANDBOX_DEFAULT", json.dumps(
-        {"conn_type": "http", "host": "https://sandbox.internal", "password": "t"}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SANDBOX_DEFAULT",
+        json.dumps({"conn_type": "http", "host": "sandbox", "port": 8081, "password": "s3cret"}),
+    )
+    assert SandboxServiceHook().stage_env() == {
+        "POSTTRAIN_SANDBOX_URL": "http://sandbox:8081",
+        "POSTTRAIN_SANDBOX_TOKEN": "s3cret",
+    }
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SANDBOX_DEFAULT",
+        json.dumps({"conn_type": "http", "host": "https://sandbox.internal", "password": "t"}),
+    )
     assert SandboxServiceHook().stage_env()["POSTTRAIN_SANDBOX_URL"] == "https://sandbox.internal"
     # No connection: the worker's own environment, if any
     monkeypatch.delenv("AIRFLOW_CONN_SANDBOX_DEFAULT")

@@ -12,8 +12,9 @@ from sandbox import Job, Limits, Pool, Status, TestCase
 
 SECRET_ENV = "POSTTRAIN_SANDBOX_TEST_SECRET"
 SECRET_VALUE = f"env-secret-{uuid.uuid4().hex}"
-GOOD_JOB = Job("def add(a, b):\n    return a + b\n", [TestCase("add(2, 3)", 5), TestCase("add(-1, 1)", 0)],
-               Limits(wall_s=5))
+GOOD_JOB = Job(
+    "def add(a, b):\n    return a + b\n", [TestCase("add(2, 3)", 5), TestCase("add(-1, 1)", 0)], Limits(wall_s=5)
+)
 
 
 def children(pid: int) -> list[int]:
@@ -89,9 +90,10 @@ class HostGuard:
         assert not dirs, f"work dirs left behind: {dirs}"
         assert self.canary.read_text() == self.canary_text, "canary file modified"
         st = self.canary.stat()
-        assert (st.st_mtime_ns, st.st_mode, st.st_uid) == (self.canary_stat.st_mtime_ns, self.canary_stat.st_mode,
-                                                            self.canary_stat.st_uid), "canary file touched"
+        assert (st.st_mtime_ns, st.st_mode, st.st_uid) == (
+            self.canary_stat.st_mtime_ns,
+            self.canary_stat.st_mode,
+            self.canary_stat.st_uid,
+        ), "canary file touched"
         again = self.pool.run(GOOD_JOB)
         assert again.status is Status.PASSED, f"the pool no longer serves a good job: {again}"
-
-

@@ -20,8 +20,13 @@ from training.tasksets.schema import Task
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_hostile_program_in_turn_2_is_contained_as_in_turn_1(case: Hostile, pool: Pool, host_guard: HostGuard,
-                                                             host_port, tmp_path: Path) -> None:  # noqa: F811
+def test_hostile_program_in_turn_2_is_contained_as_in_turn_1(
+    case: Hostile,
+    pool: Pool,
+    host_guard: HostGuard,
+    host_port,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+) -> None:
     port, token, accepted = host_port
     secret = tmp_path / "secret.txt"
     secret.write_text("host-secret-" + os.urandom(8).hex())
@@ -30,14 +35,29 @@ def test_hostile_program_in_turn_2_is_contained_as_in_turn_1(case: Hostile, pool
     tests_file.write_text(json.dumps([t.to_dict() for t in ADD_TESTS]))
     escape = f"sandbox-escape-{os.urandom(4).hex()}"
     targets = [f"/tmp/{escape}", f"/var/tmp/{escape}", str(tmp_path / escape), f"/{escape}"]
-    values = {"port": str(port), "token": token, "secret_file": str(secret), "secret_text": secret.read_text(),
-              "tests_file": str(tests_file), "canary": str(host_guard.canary), "secret_env": SECRET_ENV,
-              "secret_value": SECRET_VALUE, "targets": repr(targets), "shadow": ""}
+    values = {
+        "port": str(port),
+        "token": token,
+        "secret_file": str(secret),
+        "secret_text": secret.read_text(),
+        "tests_file": str(tests_file),
+        "canary": str(host_guard.canary),
+        "secret_env": SECRET_ENV,
+        "secret_value": SECRET_VALUE,
+        "targets": repr(targets),
+        "shadow": "",
+    }
     if "shadow" in case.needs:
         pytest.skip("reads the host's /etc/shadow: covered by test_hostile.py")
     program, tests = _substitute(case, values)
-    task = Task("hostile", "code", "Write add(a, b).", "code", tests=[t.to_dict() for t in tests],
-                metadata={"visible_tests": [t.to_dict() for t in tests]})
+    task = Task(
+        "hostile",
+        "code",
+        "Write add(a, b).",
+        "code",
+        tests=[t.to_dict() for t in tests],
+        metadata={"visible_tests": [t.to_dict() for t in tests]},
+    )
 
     def env() -> CodeRepairEnv:
         return CodeRepairEnv(task, limits=case.limits, run=pool.run_batch)

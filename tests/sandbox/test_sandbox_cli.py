@@ -56,13 +56,16 @@ def test_run_timeout_option(files, capsys):
     assert json.loads(capsys.readouterr().out)["status"] == "timeout"
 
 
-@pytest.mark.parametrize("content, name, fragment", [
-    ("[{\"call\": \"add(1, 2)\"}]", "t.json", "test #0: missing field 'expected'"),
-    ("{not json", "t.json", "invalid JSON at line 1"),
-    ("[]", "t.json", "non-empty JSON list"),
-    ("[{\"call\": \"add(1,\", \"expected\": 3}]", "t.json", "not a Python expression"),
-    ("assert add(1, 2) != 4\n", "t.py", "line 1"),
-])
+@pytest.mark.parametrize(
+    "content, name, fragment",
+    [
+        ('[{"call": "add(1, 2)"}]', "t.json", "test #0: missing field 'expected'"),
+        ("{not json", "t.json", "invalid JSON at line 1"),
+        ("[]", "t.json", "non-empty JSON list"),
+        ('[{"call": "add(1,", "expected": 3}]', "t.json", "not a Python expression"),
+        ("assert add(1, 2) != 4\n", "t.py", "line 1"),
+    ],
+)
 def test_bad_tests_file_exit_2_names_file_and_problem(files, capsys, content, name, fragment):
     tmp, prog, _, _ = files
     bad = tmp / name
@@ -90,7 +93,12 @@ def test_info(capsys):
 def test_python_dash_m_sandbox(files):
     _, prog, tests_json, _ = files
     repo = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-m", "sandbox", "run", "--program", str(prog), "--tests", str(tests_json),
-                           "--json"], cwd=repo, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sandbox", "run", "--program", str(prog), "--tests", str(tests_json), "--json"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["status"] == "passed"

@@ -43,10 +43,16 @@ def test_exceptions_are_per_test(pool: Pool):
 
 
 def test_rich_values_and_tolerances(pool: Pool):
-    program = ("import math\ndef f():\n    return (1, [2.0, {'k': {3, 4}}], None, b'x')\n"
-               "def g():\n    return 0.1 + 0.2\ndef h():\n    return {(1, 2): 'pair'}\n")
-    tests = [TestCase("f()", (1, [2, {"k": {3, 4}}], None, b"x")), TestCase("g()", 0.3, rel_tol=1e-9),
-             TestCase("h()", {(1, 2): "pair"}), TestCase("g()", 0.3)]
+    program = (
+        "import math\ndef f():\n    return (1, [2.0, {'k': {3, 4}}], None, b'x')\n"
+        "def g():\n    return 0.1 + 0.2\ndef h():\n    return {(1, 2): 'pair'}\n"
+    )
+    tests = [
+        TestCase("f()", (1, [2, {"k": {3, 4}}], None, b"x")),
+        TestCase("g()", 0.3, rel_tol=1e-9),
+        TestCase("h()", {(1, 2): "pair"}),
+        TestCase("g()", 0.3),
+    ]
     v = pool.run(Job(program, tests))
     assert [c.passed for c in v.cases] == [True, True, True, False]
 
@@ -60,8 +66,10 @@ def test_output_is_captured_capped_and_does_not_decide(pool: Pool):
 
 
 def test_each_job_is_a_fresh_process(pool: Pool):
-    program = ("import random, os\nSTATE = []\ndef f():\n    STATE.append(1)\n"
-               "    return (len(STATE), random.random(), os.getcwd())\n")
+    program = (
+        "import random, os\nSTATE = []\ndef f():\n    STATE.append(1)\n"
+        "    return (len(STATE), random.random(), os.getcwd())\n"
+    )
     a, b = pool.run_batch([Job(program, [TestCase("f()", 0)]), Job(program, [TestCase("f()", 0)])])
     va, vb = (eval(x.cases[0].detail.split("got ", 1)[1]) for x in (a, b))
     assert va[0] == vb[0] == 1  # no state carried over from another job
@@ -70,13 +78,23 @@ def test_each_job_is_a_fresh_process(pool: Pool):
 
 
 def test_job_sees_a_scrubbed_environment_and_private_dirs(pool: Pool):
-    program = ("import os, tempfile\ndef env():\n    return sorted(os.environ)\n"
-               "def home_is_cwd():\n    return os.environ['HOME'] == os.getcwd() == tempfile.gettempdir()\n"
-               "def perms():\n    return oct(os.stat('.').st_mode & 0o777)\n"
-               "def can_write_here():\n    open('f.txt', 'w').write('x')\n    return open('f.txt').read()\n")
-    v = pool.run(Job(program, [TestCase("home_is_cwd()", True), TestCase("perms()", "0o700"),
-                               TestCase("can_write_here()", "x"),
-                               TestCase("[k for k in env() if 'SECRET' in k or 'AWS' in k or 'MLFLOW' in k]", [])]))
+    program = (
+        "import os, tempfile\ndef env():\n    return sorted(os.environ)\n"
+        "def home_is_cwd():\n    return os.environ['HOME'] == os.getcwd() == tempfile.gettempdir()\n"
+        "def perms():\n    return oct(os.stat('.').st_mode & 0o777)\n"
+        "def can_write_here():\n    open('f.txt', 'w').write('x')\n    return open('f.txt').read()\n"
+    )
+    v = pool.run(
+        Job(
+            program,
+            [
+                TestCase("home_is_cwd()", True),
+                TestCase("perms()", "0o700"),
+                TestCase("can_write_here()", "x"),
+                TestCase("[k for k in env() if 'SECRET' in k or 'AWS' in k or 'MLFLOW' in k]", []),
+            ],
+        )
+    )
     assert v.status is Status.PASSED, v
 
 
@@ -145,8 +163,8 @@ def test_limits_are_validated():
 def test_memory_limit_is_enforced(pool: Pool):
     program = "def f(mb):\n    return len(bytearray(mb * 2 ** 20))\n"
     small = Limits(memory_mb=64)
-    assert pool.run(Job(program, [TestCase("f(16)", 16 * 2 ** 20)], small)).status is Status.PASSED
-    assert pool.run(Job(program, [TestCase("f(200)", 200 * 2 ** 20)], small)).status is Status.MEMORY
+    assert pool.run(Job(program, [TestCase("f(16)", 16 * 2**20)], small)).status is Status.PASSED
+    assert pool.run(Job(program, [TestCase("f(200)", 200 * 2**20)], small)).status is Status.MEMORY
 
 
 def test_worker_restarts_after_being_killed():

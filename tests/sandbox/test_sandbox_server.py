@@ -26,8 +26,12 @@ def url(pool: Pool):
 
 
 def call(url: str, path: str, body: bytes | None = None) -> tuple[int, object]:
-    req = urllib.request.Request(url + path, data=body, method="POST" if body is not None else "GET",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + path,
+        data=body,
+        method="POST" if body is not None else "GET",
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read())
@@ -54,14 +58,17 @@ def test_run_a_list_keeps_order(url):
     assert body[1]["id"] == "wrong"
 
 
-@pytest.mark.parametrize("path, body, code, fragment", [
-    ("/run", b"{nope", 400, "not JSON"),
-    ("/run", b"[]", 400, "list of 1.."),
-    ("/run", b'{"program": "x"}', 400, "'tests' must be a list"),
-    ("/run", b'{"program": "x", "tests": [{"call": "f("}]}', 400, "missing field 'expected'"),
-    ("/run", b'{"program": "x", "tests": [], "limits": {"wall_s": -1}}', 400, "wall_s"),
-    ("/nope", b"{}", 404, "no such endpoint"),
-])
+@pytest.mark.parametrize(
+    "path, body, code, fragment",
+    [
+        ("/run", b"{nope", 400, "not JSON"),
+        ("/run", b"[]", 400, "list of 1.."),
+        ("/run", b'{"program": "x"}', 400, "'tests' must be a list"),
+        ("/run", b'{"program": "x", "tests": [{"call": "f("}]}', 400, "missing field 'expected'"),
+        ("/run", b'{"program": "x", "tests": [], "limits": {"wall_s": -1}}', 400, "wall_s"),
+        ("/nope", b"{}", 404, "no such endpoint"),
+    ],
+)
 def test_errors(url, path, body, code, fragment):
     got, payload = call(url, path, body)
     assert got == code

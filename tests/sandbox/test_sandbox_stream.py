@@ -20,9 +20,20 @@ def stream(*frames: str, nonce: str = NONCE) -> bytes:
 
 
 def report(results: bytes, **kw) -> dict:
-    base = {"exit_code": 0, "signal": None, "timed_out": False, "output_limit": False, "result_overflow": False,
-            "wall_s": 0.01, "cpu_s": 0.01, "stdout": "", "stderr": "", "stdout_truncated": False,
-            "stderr_truncated": False, "results": base64.b64encode(results).decode()}
+    base = {
+        "exit_code": 0,
+        "signal": None,
+        "timed_out": False,
+        "output_limit": False,
+        "result_overflow": False,
+        "wall_s": 0.01,
+        "cpu_s": 0.01,
+        "stdout": "",
+        "stderr": "",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "results": base64.b64encode(results).decode(),
+    }
     base.update(kw)
     return base
 
@@ -45,29 +56,38 @@ def test_wrong_value_fails_with_detail():
     assert "expected 4, got 5" in v.detail
 
 
-@pytest.mark.parametrize("name, results, kw", [
-    ("no stream at all", b"", {}),
-    ("missing done frame", stream('{"start":2}', '{"i":0,"v":1}', '{"i":1,"v":4}'), {}),
-    ("last line cut off", GOOD[:-1], {}),
-    ("duplicate index", stream('{"start":2}', '{"i":0,"v":1}', '{"i":0,"v":1}', '{"i":1,"v":4}', '{"done":2}'), {}),
-    ("index out of range", stream('{"start":2}', '{"i":0,"v":1}', '{"i":1,"v":4}', '{"i":2,"v":4}',
-                                  '{"done":2}'), {}),
-    ("frame after done", GOOD + stream('{"i":1,"v":4}'), {}),
-    ("done before all values", stream('{"start":2}', '{"i":0,"v":1}', '{"done":2}', '{"i":1,"v":4}'), {}),
-    ("frames before start", stream('{"i":0,"v":1}', '{"start":2}', '{"i":1,"v":4}', '{"done":2}'), {}),
-    ("wrong start count", stream('{"start":1}', '{"i":0,"v":1}', '{"i":1,"v":4}', '{"done":2}'), {}),
-    ("garbled json", stream('{"start":2}', '{"i":0,"v":1', '{"i":1,"v":4}', '{"done":2}'), {}),
-    ("NaN constant", stream('{"start":2}', '{"i":0,"v":NaN}', '{"i":1,"v":4}', '{"done":2}'), {}),
-    ("unknown tag", stream('{"start":2}', '{"i":0,"v":{"$evil":1}}', '{"i":1,"v":4}', '{"done":2}'), {}),
-    ("right values, other nonce", stream('{"start":2}', '{"i":0,"v":1}', '{"i":1,"v":4}', '{"done":2}',
-                                         nonce="cd" * 16), {}),
-    ("non-zero exit", GOOD, {"exit_code": 3}),
-    ("killed after reporting", GOOD, {"signal": signal.SIGKILL, "exit_code": None}),
-    ("wall timeout after reporting", GOOD, {"timed_out": True}),
-    ("output bomb after reporting", GOOD, {"output_limit": True}),
-    ("result overflow", GOOD, {"result_overflow": True}),
-    ("supervisor error", GOOD, {"error": "boom"}),
-])
+@pytest.mark.parametrize(
+    "name, results, kw",
+    [
+        ("no stream at all", b"", {}),
+        ("missing done frame", stream('{"start":2}', '{"i":0,"v":1}', '{"i":1,"v":4}'), {}),
+        ("last line cut off", GOOD[:-1], {}),
+        ("duplicate index", stream('{"start":2}', '{"i":0,"v":1}', '{"i":0,"v":1}', '{"i":1,"v":4}', '{"done":2}'), {}),
+        (
+            "index out of range",
+            stream('{"start":2}', '{"i":0,"v":1}', '{"i":1,"v":4}', '{"i":2,"v":4}', '{"done":2}'),
+            {},
+        ),
+        ("frame after done", GOOD + stream('{"i":1,"v":4}'), {}),
+        ("done before all values", stream('{"start":2}', '{"i":0,"v":1}', '{"done":2}', '{"i":1,"v":4}'), {}),
+        ("frames before start", stream('{"i":0,"v":1}', '{"start":2}', '{"i":1,"v":4}', '{"done":2}'), {}),
+        ("wrong start count", stream('{"start":1}', '{"i":0,"v":1}', '{"i":1,"v":4}', '{"done":2}'), {}),
+        ("garbled json", stream('{"start":2}', '{"i":0,"v":1', '{"i":1,"v":4}', '{"done":2}'), {}),
+        ("NaN constant", stream('{"start":2}', '{"i":0,"v":NaN}', '{"i":1,"v":4}', '{"done":2}'), {}),
+        ("unknown tag", stream('{"start":2}', '{"i":0,"v":{"$evil":1}}', '{"i":1,"v":4}', '{"done":2}'), {}),
+        (
+            "right values, other nonce",
+            stream('{"start":2}', '{"i":0,"v":1}', '{"i":1,"v":4}', '{"done":2}', nonce="cd" * 16),
+            {},
+        ),
+        ("non-zero exit", GOOD, {"exit_code": 3}),
+        ("killed after reporting", GOOD, {"signal": signal.SIGKILL, "exit_code": None}),
+        ("wall timeout after reporting", GOOD, {"timed_out": True}),
+        ("output bomb after reporting", GOOD, {"output_limit": True}),
+        ("result overflow", GOOD, {"result_overflow": True}),
+        ("supervisor error", GOOD, {"error": "boom"}),
+    ],
+)
 def test_anything_but_a_clean_complete_stream_is_no_pass(name, results, kw):
     v = verdict(results, **kw)
     assert v.status is not Status.PASSED, name
@@ -88,15 +108,18 @@ def test_unframed_lines_are_ignored_and_counted():
     assert verdict(noisy).status is Status.PASSED
 
 
-@pytest.mark.parametrize("kw, status", [
-    ({"timed_out": True, "signal": signal.SIGKILL}, Status.TIMEOUT),
-    ({"signal": signal.SIGXCPU}, Status.TIMEOUT),
-    ({"signal": signal.SIGKILL, "cpu_s": 1.95}, Status.TIMEOUT),  # hard RLIMIT_CPU
-    ({"signal": signal.SIGKILL, "cpu_s": 0.1}, Status.CRASHED),
-    ({"signal": signal.SIGSEGV}, Status.CRASHED),
-    ({"signal": signal.SIGABRT, "stderr": "Fatal Python error: ... MemoryError"}, Status.MEMORY),
-    ({"output_limit": True, "signal": signal.SIGKILL}, Status.OUTPUT_LIMIT),
-])
+@pytest.mark.parametrize(
+    "kw, status",
+    [
+        ({"timed_out": True, "signal": signal.SIGKILL}, Status.TIMEOUT),
+        ({"signal": signal.SIGXCPU}, Status.TIMEOUT),
+        ({"signal": signal.SIGKILL, "cpu_s": 1.95}, Status.TIMEOUT),  # hard RLIMIT_CPU
+        ({"signal": signal.SIGKILL, "cpu_s": 0.1}, Status.CRASHED),
+        ({"signal": signal.SIGSEGV}, Status.CRASHED),
+        ({"signal": signal.SIGABRT, "stderr": "Fatal Python error: ... MemoryError"}, Status.MEMORY),
+        ({"output_limit": True, "signal": signal.SIGKILL}, Status.OUTPUT_LIMIT),
+    ],
+)
 def test_status_from_how_the_job_ended(kw, status):
     assert verdict(stream('{"start":2}'), **kw).status is status
 

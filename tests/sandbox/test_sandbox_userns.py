@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from sandbox import Job, Limits, Pool, TestCase
@@ -31,14 +31,18 @@ with Pool(max_slots=4) as pool:
     verdicts = pool.run_batch([Job(src, tests, Limits(wall_s=3, cpu_s=1), id=name) for name, src in probes.items()])
     print(json.dumps({"level": pool.isolation.value, "features": pool.features,
                       "verdicts": {v.id: [v.status.value, v.cases[0].detail] for v in verdicts}}))
-'''
+"""
 
 
 def _system_python() -> str | None:
     for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
         if os.access(candidate, os.X_OK):
-            ok = subprocess.run([candidate, "-c", "import sys; assert sys.version_info >= (3, 10)"],
-                                capture_output=True).returncode == 0
+            ok = (
+                subprocess.run(
+                    [candidate, "-c", "import sys; assert sys.version_info >= (3, 10)"], capture_output=True
+                ).returncode
+                == 0
+            )
             if ok:
                 return candidate
     return None
@@ -67,8 +71,17 @@ def test_unprivileged_pool_uses_a_user_namespace(public_dir: Path):
     script = public_dir / "probe.py"
     script.write_text(SCRIPT)
     script.chmod(0o644)
-    proc = subprocess.run([python, str(script), str(copy)], user=65534, group=65534, extra_groups=[],
-                          env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [python, str(script), str(copy)],
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if proc.returncode != 0 and "no network isolation" in proc.stderr:
         pytest.skip(f"unprivileged user namespaces unavailable here: {proc.stderr.strip()[-300:]}")
     assert proc.returncode == 0, proc.stderr

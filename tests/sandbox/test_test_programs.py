@@ -18,7 +18,7 @@ from sandbox.spec import TestProgram
 
 LIMITS = Limits(wall_s=10.0, cpu_s=5.0)
 SETUP = 'import math\n\ndef add(a, b):\n    """a + b; raises TypeError for None."""\n'
-CHECK = '''
+CHECK = """
 METADATA = {"author": "test"}
 
 
@@ -42,7 +42,7 @@ def check(candidate):
         pass
     else:
         raise AssertionError("expected a TypeError")
-'''
+"""
 RIGHT = "    return a + b\n"
 WRONG = "    return a - b\n"
 
@@ -57,12 +57,15 @@ def test_a_correct_candidate_passes_loops_helpers_tolerances_and_expected_except
     assert (verdict.passed, verdict.total) == (1, 1)
 
 
-@pytest.mark.parametrize("body,detail", [
-    (WRONG, "AssertionError at test line 15: assert candidate(a, b) == want"),
-    ("    return None\n", "AssertionError at test line 15"),
-    ("    pass\n", "AssertionError at test line 15"),
-    ("    raise ValueError('nope')\n", "ValueError: (raised by the candidate's add) ValueError: nope"),
-])
+@pytest.mark.parametrize(
+    "body,detail",
+    [
+        (WRONG, "AssertionError at test line 15: assert candidate(a, b) == want"),
+        ("    return None\n", "AssertionError at test line 15"),
+        ("    pass\n", "AssertionError at test line 15"),
+        ("    raise ValueError('nope')\n", "ValueError: (raised by the candidate's add) ValueError: nope"),
+    ],
+)
 def test_a_wrong_candidate_fails_with_the_failing_line(pool: Pool, body: str, detail: str) -> None:
     verdict = pool.run(_job(body, "wrong"))
     assert verdict.status is Status.FAILED
@@ -70,9 +73,11 @@ def test_a_wrong_candidate_fails_with_the_failing_line(pool: Pool, body: str, de
 
 
 def test_mbpp_style_program_with_setup_code_and_free_function_names(pool: Pool) -> None:
-    tests = TestProgram("assert remove_occ('hello', 'l') == 'heo'\nassert count(remove_occ(DATA, 'a')) == 3\n"
-                        "for word in ['x', 'yy']:\n    assert remove_occ(word, 'y') == word.replace('y', '')\n",
-                        setup="DATA = 'banana'\n")
+    tests = TestProgram(
+        "assert remove_occ('hello', 'l') == 'heo'\nassert count(remove_occ(DATA, 'a')) == 3\n"
+        "for word in ['x', 'yy']:\n    assert remove_occ(word, 'y') == word.replace('y', '')\n",
+        setup="DATA = 'banana'\n",
+    )
     right = "def remove_occ(s, ch):\n    return s.replace(ch, '')\n\ndef count(s):\n    return len(s)\n"
     assert pool.run(Job("DATA = 'banana'\n" + right, test_program=tests, limits=LIMITS)).status is Status.PASSED
     half = "def remove_occ(s, ch):\n    return s.replace(ch, '', 1)\n\ndef count(s):\n    return len(s)\n"
@@ -80,8 +85,9 @@ def test_mbpp_style_program_with_setup_code_and_free_function_names(pool: Pool) 
 
 
 def test_candidate_names_never_include_builtins_or_names_the_tests_bind() -> None:
-    source = "import math\nx = 3\ndef h(y):\n    return len(y)\nassert f(x) == h([1]) and math.pi\nfor i in g():\n" \
-             "    pass\n"
+    source = (
+        "import math\nx = 3\ndef h(y):\n    return len(y)\nassert f(x) == h([1]) and math.pi\nfor i in g():\n    pass\n"
+    )
     assert candidate_names(source, "def helper(): pass\n", "entry") == ["f", "g", "entry"]
 
 
@@ -90,7 +96,9 @@ HOSTILE = {
     "patches_check": (
         "import builtins, sys\n"
         "def check(candidate):\n    return None\n"
-        "builtins.check = check\nsys.modules['__main__'].check = check\n", WRONG),
+        "builtins.check = check\nsys.modules['__main__'].check = check\n",
+        WRONG,
+    ),
     # walks every frame above it and every object in its heap for the test program's text or values
     "inspects_caller_frame_and_heap": (
         "import gc, sys\n"
@@ -116,16 +124,19 @@ HOSTILE = {
         "        if any(_has(v) for v in list(values)):\n"
         "            return True\n"
         "    return False\n",
-        "    print('found' if _find() else 'not found')\n    return a - b\n"),
+        "    print('found' if _find() else 'not found')\n    return a - b\n",
+    ),
     # a monkeypatched isclose (and abs) in the candidate's process cannot reach the test's process
     "monkeypatches_math_isclose": (
         "import math, builtins\nmath.isclose = lambda *a, **k: True\nbuiltins.abs = lambda x: 0\n",
-        "    return 0.0 if isinstance(a, float) else a + b\n"),
+        "    return 0.0 if isinstance(a, float) else a + b\n",
+    ),
     # values that claim to equal anything are not plain values: they never leave the candidate's process
     "returns_always_equal_objects": (
         "class Yes:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
         "class Int(int):\n    def __eq__(self, other):\n        return True\n",
-        "    return Yes() if a != 17 else Int(0)\n"),
+        "    return Yes() if a != 17 else Int(0)\n",
+    ),
     # reaching into the test process: its memory, its result pipe, ptrace; all refused (it is not dumpable)
     "reaches_into_the_test_process": (
         "import os, ctypes\n"
@@ -142,7 +153,8 @@ HOSTILE = {
         "    libc = ctypes.CDLL(None, use_errno=True)\n"
         "    out.append(f'ptrace: {libc.ptrace(16, parent, 0, 0)}')\n"
         "    print(out)\n",
-        "    _attack()\n    return a - b\n"),
+        "    _attack()\n    return a - b\n",
+    ),
     # ends its own process, or the test's, mid-test
     "exits_during_the_call": ("import os\n", "    os._exit(0)\n"),
     "kills_the_test_process": ("import os, signal\n", "    os.kill(os.getppid(), signal.SIGKILL)\n    return a - b\n"),
@@ -154,7 +166,8 @@ HOSTILE = {
         "            os.write(fd, b'{\"v\":42}\\n' * 100)\n"
         "        except OSError:\n"
         "            pass\n"
-        "    return a - b\n"),
+        "    return a - b\n",
+    ),
     "raises_system_exit": ("", "    raise SystemExit(0)\n"),
 }
 
@@ -179,8 +192,10 @@ def test_the_same_hostile_candidates_pass_when_they_also_compute_the_right_answe
 
 
 def test_program_error_and_missing_function_fail(pool: Pool) -> None:
-    assert pool.run(Job("def add(a, b)\n", test_program=TestProgram(CHECK, "add", SETUP),
-                        limits=LIMITS)).status is Status.FAILED
+    assert (
+        pool.run(Job("def add(a, b)\n", test_program=TestProgram(CHECK, "add", SETUP), limits=LIMITS)).status
+        is Status.FAILED
+    )
     verdict = pool.run(Job("x = 1\n", test_program=TestProgram("assert f(1) == 2\n"), limits=LIMITS))
     assert verdict.status is Status.FAILED and "name 'f' is not defined" in verdict.detail
 

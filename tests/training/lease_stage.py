@@ -35,8 +35,7 @@ def body(ctx: stage.StageContext) -> dict:
         time.sleep(cfg.step_s)
         writer = storage.ManifestWriter(storage.checkpoint_uri(ctx.stage_uri, step))
         # taken before the write's own lease check, so a write that lands was checked after this instant
-        writer.put_json({"step": step, "attempt": os.environ["ATTEMPT"], "before_check": time.time()},
-                        "state.json")
+        writer.put_json({"step": step, "attempt": os.environ["ATTEMPT"], "before_check": time.time()}, "state.json")
         writer.commit(extra={"step": step})
         print(f"CHECKPOINT {step}", flush=True)
     ctx.writer.put_json({"resumed_from": start, "attempt": os.environ["ATTEMPT"]}, "result.json")

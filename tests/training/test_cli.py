@@ -71,6 +71,10 @@ def test_adopt_champion_by_alias(file_run_uri, tmp_path, local_mlflow, capsys) -
     champ.put_bytes(b"opt", "checkpoints/opt.bin")
     champ.commit()
     registry.promote(champ.uri, "tiny")
-    assert cli.main(["adopt", "--source", "models:/tiny@champion", "--as", "sft", "--prefix", "model",
-                     "--run", file_run_uri]) == 0
+    assert (
+        cli.main(
+            ["adopt", "--source", "models:/tiny@champion", "--as", "sft", "--prefix", "model", "--run", file_run_uri]
+        )
+        == 0
+    )
     assert set(storage.require_manifest(storage.join(file_run_uri, "sft")).files) == {"model/w.bin"}

@@ -30,9 +30,14 @@ def test_stage_writes_manifest_and_result_line(file_run_uri, local_mlflow, capsy
     assert manifest.config == {"text": "abc"} and manifest.mlflow_run_id == result.mlflow_run_id
     assert manifest.extra["summary"] == {"chars": 3}
     parsed = stage.parse_result(capsys.readouterr().out)
-    assert parsed == {"stage": "taskset", "manifest_uri": manifest.manifest_uri,
-                      "mlflow_run_id": result.mlflow_run_id, "mlflow_experiment_id": result.mlflow_experiment_id,
-                      "summary": {"chars": 3}, "skipped": False}
+    assert parsed == {
+        "stage": "taskset",
+        "manifest_uri": manifest.manifest_uri,
+        "mlflow_run_id": result.mlflow_run_id,
+        "mlflow_experiment_id": result.mlflow_experiment_id,
+        "summary": {"chars": 3},
+        "skipped": False,
+    }
     assert result.mlflow_experiment_id
 
     from mlflow.tracking import MlflowClient

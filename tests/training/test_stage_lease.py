@@ -21,11 +21,21 @@ STEPS = 300
 
 
 def _attempt(name: str, run_uri: str, tmp_path: Path, steps: int, step_s: float) -> subprocess.Popen[str]:
-    env = {**os.environ, "ATTEMPT": name, lease.TTL_ENV: str(TTL_S),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen([sys.executable, str(HERE / "lease_stage.py"), run_uri, str(steps), str(step_s)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    env = {
+        **os.environ,
+        "ATTEMPT": name,
+        lease.TTL_ENV: str(TTL_S),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "lease_stage.py"), run_uri, str(steps), str(step_s)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
 
 
 def _wait_for_line(proc: subprocess.Popen[str], prefix: str, timeout_s: float, out: list[str]) -> str:

@@ -147,19 +147,25 @@ def test_sigkill_mid_upload_leaves_nothing_a_reader_accepts(scheme, request, tmp
         f.truncate(300 * 1024 * 1024)  # sparse: cheap to make, slow enough to upload that we kill it mid-way
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
-    proc = subprocess.Popen([sys.executable, str(script), stage_uri, str(big)], stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    proc = subprocess.Popen(
+        [sys.executable, str(script), stage_uri, str(big)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
     assert proc.stdout.readline().strip() == "uploading"
     loc = storage.locate(stage_uri)
     deadline = time.monotonic() + 30
     if scheme == "s3":
         # Wait until the multipart upload has really begun on the server, then kill the writer mid-transfer.
         while time.monotonic() < deadline and not loc.backend.client.list_multipart_uploads(
-                Bucket="posttrain", Prefix=loc.key()).get("Uploads"):
+            Bucket="posttrain", Prefix=loc.key()
+        ).get("Uploads"):
             time.sleep(0.05)
     else:
-        while time.monotonic() < deadline and not any(p.name.endswith(".partial")
-                                                      for p in Path(loc.backend.root).glob(".*")):
+        while time.monotonic() < deadline and not any(
+            p.name.endswith(".partial") for p in Path(loc.backend.root).glob(".*")
+        ):
             time.sleep(0.01)
     time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)

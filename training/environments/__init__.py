@@ -18,5 +18,13 @@ from training.environments.base import ENVIRONMENTS, Environment, Step, environm
 from training.environments.calculator import CalculatorEnv
 from training.environments.code_repair import CodeRepairEnv
 
-__all__ = ["ENVIRONMENTS", "CalculatorEnv", "CodeRepairEnv", "Environment", "Step", "environment_for",
-           "make_environment", "step_all"]
+__all__ = [
+    "ENVIRONMENTS",
+    "CalculatorEnv",
+    "CodeRepairEnv",
+    "Environment",
+    "Step",
+    "environment_for",
+    "make_environment",
+    "step_all",
+]

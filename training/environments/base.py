@@ -39,8 +39,7 @@ class Environment(Protocol):
         """The opening messages ({"role", "content"}); the first user message gets the domain's instruction."""
         ...
 
-    def step(self, completion: str) -> Step:
-        ...
+    def step(self, completion: str) -> Step: ...
 
 
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}
@@ -50,6 +49,7 @@ def register_environment(name: str) -> Callable[[Callable[..., Environment]], Ca
     def add(cls: Callable[..., Environment]) -> Callable[..., Environment]:
         ENVIRONMENTS[name] = cls
         return cls
+
     return add
 
 
@@ -74,8 +74,11 @@ def step_all(envs: Sequence[Environment], completions: Sequence[str]) -> list[St
         by_class.setdefault(type(env), []).append(i)
     for cls, idx in by_class.items():
         batch = getattr(cls, "step_batch", None)
-        steps = (batch([envs[i] for i in idx], [completions[i] for i in idx]) if batch is not None
-                 else [envs[i].step(completions[i]) for i in idx])
+        steps = (
+            batch([envs[i] for i in idx], [completions[i] for i in idx])
+            if batch is not None
+            else [envs[i].step(completions[i]) for i in idx]
+        )
         for i, s in zip(idx, steps):
             out[i] = s
     return [s for s in out if s is not None]

@@ -19,9 +19,15 @@ from training.tasksets.schema import Task
 
 _CALL = re.compile(r"calc\(([^()]*(?:\([^()]*\)[^()]*)*)\)")
 _OPS: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_MAX_ABS = 10 ** 12
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_MAX_ABS = 10**12
 TOOL_HINT = "Tool: write calc(<expression>) to compute; the result comes back."
 
 
@@ -33,15 +39,14 @@ def calculate(expression: str) -> int | float:
         raise ValueError(f"not an arithmetic expression: {expression!r}") from None
 
     def value(node: ast.AST) -> int | float:
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
-                and not isinstance(node.value, bool):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return node.value
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             v = value(node.operand)
             return -v if isinstance(node.op, ast.USub) else v
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 10 ** 6):
+            if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 10**6):
                 raise ValueError("exponent too large")
             try:
                 out = _OPS[type(node.op)](left, right)

@@ -36,13 +36,22 @@ def repair_reply(error: str) -> str:
 # Mistakes that read the task the other way: a sign, an operator, a case, a slice's side, an order, a
 # comparison, which end a string goes on. Each flip is listed both ways; one applies to the returned expression.
 _FLIPS: list[tuple[str, str]] = [
-    (r"(?<=[\w)\]])\+(?=[\w(\[])", "-"), (r"(?<=[\w)\]])-(?=[\w(\[])", "+"),
-    (r"(?<=[\w)\]])\*(?=[\w(\[])", "//"), (r"(?<=[\w)\]])//(?=[\w(\[])", "*"),
-    (r"\.upper\(\)", ".lower()"), (r"\.lower\(\)", ".upper()"),
-    (r"\[(\d+):\]", r"[:-\1]"), (r"\[:-(\d+)\]", r"[\1:]"),
-    (r"sorted\((\w+)\)", r"sorted(\1,reverse=True)"), (r"sorted\((\w+),reverse=True\)", r"sorted(\1)"),
-    (r"\bmax\(", "min("), (r"\bmin\(", "max("), (r"(?<=\w)>(?=\w)", "<"), (r"(?<=\w)<(?=\w)", ">"),
-    (r"^(\w+)\+('.')$", r"\2+\1"), (r"^('.')\+(\w+)$", r"\2+\1"),
+    (r"(?<=[\w)\]])\+(?=[\w(\[])", "-"),
+    (r"(?<=[\w)\]])-(?=[\w(\[])", "+"),
+    (r"(?<=[\w)\]])\*(?=[\w(\[])", "//"),
+    (r"(?<=[\w)\]])//(?=[\w(\[])", "*"),
+    (r"\.upper\(\)", ".lower()"),
+    (r"\.lower\(\)", ".upper()"),
+    (r"\[(\d+):\]", r"[:-\1]"),
+    (r"\[:-(\d+)\]", r"[\1:]"),
+    (r"sorted\((\w+)\)", r"sorted(\1,reverse=True)"),
+    (r"sorted\((\w+),reverse=True\)", r"sorted(\1)"),
+    (r"\bmax\(", "min("),
+    (r"\bmin\(", "max("),
+    (r"(?<=\w)>(?=\w)", "<"),
+    (r"(?<=\w)<(?=\w)", ">"),
+    (r"^(\w+)\+('.')$", r"\2+\1"),
+    (r"^('.')\+(\w+)$", r"\2+\1"),
 ]
 
 
@@ -56,12 +65,17 @@ def near_miss(reference: str, rng: random.Random, other_reading: bool = False) -
     head, sep, body = reference.partition(":")
     prefix, body = (head + sep, body) if sep else ("", reference)
     code = body.lstrip()
-    prefix += body[:len(body) - len(code)]  # the signature and the indentation, kept as they are
+    prefix += body[: len(body) - len(code)]  # the signature and the indentation, kept as they are
     readings: list[str] = []  # the task read the other way
     if code.startswith("return "):
-        stem = code[len("return "):]
-        readings = [f for f in dict.fromkeys(f"return {re.sub(pat, rep, stem, count=1)}"
-                                             for pat, rep in _FLIPS if re.search(pat, stem)) if f != code]
+        stem = code[len("return ") :]
+        readings = [
+            f
+            for f in dict.fromkeys(
+                f"return {re.sub(pat, rep, stem, count=1)}" for pat, rep in _FLIPS if re.search(pat, stem)
+            )
+            if f != code
+        ]
     if other_reading and readings:
         return prefix + rng.choice(readings)
     kinds = [readings]  # each kind of mistake the reference allows (empty ones are dropped below)
@@ -70,12 +84,13 @@ def near_miss(reference: str, rng: random.Random, other_reading: bool = False) -
         options = []
         for m in numbers:
             for delta in (-3, -2, -1, 1, 2, 3):
-                options.append(code[:m.start()] + str(max(0, int(m.group()) + delta)) + code[m.end():])
+                options.append(code[: m.start()] + str(max(0, int(m.group()) + delta)) + code[m.end() :])
         kinds.append([o for o in options if o != code])
     quoted = list(re.finditer(r"'(.)'", code))
     if quoted:
-        kinds.append([code[:m.start(1)] + c + code[m.end(1):] for m in quoted for c in "abcdefxyz"
-                      if c != m.group(1)])
+        kinds.append(
+            [code[: m.start(1)] + c + code[m.end(1) :] for m in quoted for c in "abcdefxyz" if c != m.group(1)]
+        )
     kinds = [k for k in kinds if k]
     if not kinds:
         return f"{head}: return None" if sep else "return None"
@@ -111,13 +126,17 @@ def mirror_tasks(tasks: Sequence[Task], programs: Sequence[str]) -> list[Task | 
             continue
         mirrored = {str(t["call"]): {**t, "expected": v} for t, v in zip(tests, values)}
         shown = visible_tests(task)
-        if not isinstance(shown, list) or not all(isinstance(t, dict) and str(t.get("call")) in mirrored
-                                                  for t in shown):
+        if not isinstance(shown, list) or not all(
+            isinstance(t, dict) and str(t.get("call")) in mirrored for t in shown
+        ):
             continue
-        metadata = {**(task.metadata if isinstance(task.metadata, dict) else {}),
-                    "visible_tests": [mirrored[str(t["call"])] for t in shown]}
-        out[i] = replace(task, id=f"{task.id}~mirror", reference=programs[i], tests=list(mirrored.values()),
-                         metadata=metadata)
+        metadata = {
+            **(task.metadata if isinstance(task.metadata, dict) else {}),
+            "visible_tests": [mirrored[str(t["call"])] for t in shown],
+        }
+        out[i] = replace(
+            task, id=f"{task.id}~mirror", reference=programs[i], tests=list(mirrored.values()), metadata=metadata
+        )
     return out
 
 
@@ -166,8 +185,11 @@ class CodeRepairEnv:
             elif job is None:
                 out[i] = Step(repair_reply("no code to run"), False, {"status": "no_code", "visible_passed": False})
             elif not parses(job.program):
-                out[i] = Step(repair_reply("the program is not valid Python"), False,
-                              {"status": "syntax", "visible_passed": False})
+                out[i] = Step(
+                    repair_reply("the program is not valid Python"),
+                    False,
+                    {"status": "syntax", "visible_passed": False},
+                )
             else:
                 jobs.append(job)
                 rows.append(i)
@@ -176,7 +198,9 @@ class CodeRepairEnv:
             for i, verdict in zip(rows, run(jobs)):
                 passed = verdict.status.value == "passed"
                 detail = verdict.detail or verdict.stderr or verdict.status.value
-                out[i] = Step(None if passed else repair_reply(failure_text(detail)), passed,
-                              {"status": verdict.status.value, "visible_passed": passed, "detail": detail,
-                               "verdict": verdict})
+                out[i] = Step(
+                    None if passed else repair_reply(failure_text(detail)),
+                    passed,
+                    {"status": verdict.status.value, "visible_passed": passed, "detail": detail, "verdict": verdict},
+                )
         return [s for s in out if s is not None]

@@ -81,15 +81,27 @@ class Episode:
 
     def as_completion(self) -> Completion:
         """The episode as the update sees it: one completion of `prompt_ids`, the final answer as its text."""
-        return Completion(token_ids=list(self.token_ids), text=self.answers[-1] if self.answers else "",
-                          logprobs=list(self.logprobs), finish_reason=self.finish_reason,
-                          model_mask=list(self.model_mask), answer_starts=list(self.answer_starts))
+        return Completion(
+            token_ids=list(self.token_ids),
+            text=self.answers[-1] if self.answers else "",
+            logprobs=list(self.logprobs),
+            finish_reason=self.finish_reason,
+            model_mask=list(self.model_mask),
+            answer_starts=list(self.answer_starts),
+        )
 
     def row(self) -> dict[str, Any]:
         """A samples-table row: every turn's answer, the tool outputs, how it ended (reward added by callers)."""
-        return {"id": self.task.id, "domain": self.task.domain, "turns": self.turns, "answers": self.answers,
-                "tool_outputs": self.replies, "ended_by": self.ended_by, "planted_first": self.planted,
-                "statuses": [str(i.get("status", "")) for i in self.infos]}
+        return {
+            "id": self.task.id,
+            "domain": self.task.domain,
+            "turns": self.turns,
+            "answers": self.answers,
+            "tool_outputs": self.replies,
+            "ended_by": self.ended_by,
+            "planted_first": self.planted,
+            "statuses": [str(i.get("status", "")) for i in self.infos],
+        }
 
 
 def final_answer_credit(c: Completion, advantage: float) -> Completion:
@@ -117,18 +129,32 @@ def split_first_answer(c: Completion, first_text: str) -> tuple[Completion, Comp
     mask = list(c.model_mask) if c.model_mask else [1] * len(c.token_ids)
     # the first answer ends where the environment's reply begins (its first masked token)
     end = next((k for k, m in enumerate(mask) if not m), len(mask))
-    first = Completion(token_ids=c.token_ids[:end], text=first_text, logprobs=list(c.logprobs[:end]),
-                       finish_reason="stop" if end < len(c.token_ids) else c.finish_reason,
-                       model_mask=mask[:end], answer_starts=[0])
+    first = Completion(
+        token_ids=c.token_ids[:end],
+        text=first_text,
+        logprobs=list(c.logprobs[:end]),
+        finish_reason="stop" if end < len(c.token_ids) else c.finish_reason,
+        model_mask=mask[:end],
+        answer_starts=[0],
+    )
     return first, replace(c, model_mask=[0] * end + mask[end:])
 
 
-def run_episodes(engine: Any, fmt: PromptFormat, tasks: Sequence[Task],
-                 make_env: Callable[[Task], Environment | None], n_samples: int, max_turns: int,
-                 max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-                 max_context: int | None = None,
-                 turn_seed: Callable[[int], int] | None = None,
-                 planted: Sequence[str | None] | None = None) -> list[list[Episode]]:
+def run_episodes(
+    engine: Any,
+    fmt: PromptFormat,
+    tasks: Sequence[Task],
+    make_env: Callable[[Task], Environment | None],
+    n_samples: int,
+    max_turns: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    max_context: int | None = None,
+    turn_seed: Callable[[int], int] | None = None,
+    planted: Sequence[str | None] | None = None,
+) -> list[list[Episode]]:
     """`n_samples` episodes of each task, up to `max_turns` answers each; result[i][j] is sample j of task i.
     Turn t's engine call is seeded by `turn_seed(t)` (default seed for turn 1, seed + t after), so a run is
     reproducible; temperature 0 is greedy (evaluation).
@@ -149,8 +175,7 @@ def run_episodes(engine: Any, fmt: PromptFormat, tasks: Sequence[Task],
         envs = [make_env(task) for _ in range(n_samples)]
         if answer is not None and (max_turns < 2 or any(env is None for env in envs)):
             raise ValueError(f"planted answer for task {task.id}: needs an environment and max_turns >= 2")
-        opening = [fmt.episode_ids(task, env.reset(task)) if env is not None else fmt.prompt_ids(task)
-                   for env in envs]
+        opening = [fmt.episode_ids(task, env.reset(task)) if env is not None else fmt.prompt_ids(task) for env in envs]
         group = [Episode(task, env, ids) for env, ids in zip(envs, opening)]
         groups.append(group)
         if answer is not None:
@@ -189,8 +214,9 @@ def run_episodes(engine: Any, fmt: PromptFormat, tasks: Sequence[Task],
             going.append(ep)
         if not going:
             break
-        outs = engine.generate([ep.context() for ep in going], 1, max_new_tokens, temperature, top_p,
-                               seed=seed_of(turn))
+        outs = engine.generate(
+            [ep.context() for ep in going], 1, max_new_tokens, temperature, top_p, seed=seed_of(turn)
+        )
         for ep, out in zip(going, outs):
             ep.add_answer(out[0])
     for ep in flat:

@@ -15,8 +15,9 @@ from training.environments.base import Environment, environment_for, step_all
 from training.tasksets.schema import Task
 
 
-def planted_attempts(tasks: list[Task], environments: dict[str, str], share: float,
-                     rng: random.Random) -> list[str | None] | None:
+def planted_attempts(
+    tasks: list[Task], environments: dict[str, str], share: float, rng: random.Random
+) -> list[str | None] | None:
     """For about `share` of the tasks whose environment can plant a first answer (`planted_attempt`), one that
     its environment does not accept (a planted answer that passed would leave the model nothing to answer);
     None for the rest. None when nothing is planted."""
@@ -30,8 +31,9 @@ def planted_attempts(tasks: list[Task], environments: dict[str, str], share: flo
     return rejected(tasks, out, environments)
 
 
-def mirrored_plants(tasks: list[Task], planted: list[str | None],
-                    environments: dict[str, str]) -> tuple[list[Task], list[str | None]]:
+def mirrored_plants(
+    tasks: list[Task], planted: list[str | None], environments: dict[str, str]
+) -> tuple[list[Task], list[str | None]]:
     """`planted_mirrors`: each planted task whose environment can mirror it (`mirror_tasks(tasks, programs)`)
     swapped for the mirror built from its planted answer, and that answer swapped for the task's reference (the
     mirror's first attempt, kept only where the mirror's environment rejects it; else the plant stays as it

@@ -59,5 +59,4 @@ class EvalConfig(ConfigBase):
 
     def __post_init__(self) -> None:
         if any(not 0 < f < 1 for f in self.long_context_fractions):
-            raise ValueError(f"long_context_fractions must lie strictly between 0 and 1: "
-                             f"{self.long_context_fractions}")
+            raise ValueError(f"long_context_fractions must lie strictly between 0 and 1: {self.long_context_fractions}")

@@ -48,9 +48,9 @@ class Counts:
 
 @dataclass(frozen=True)
 class Finding:
-    rule: str            # "regression", "non_inferiority", "reward_hacking", "kl_entropy", "insufficient_data",
+    rule: str  # "regression", "non_inferiority", "reward_hacking", "kl_entropy", "insufficient_data",
     #                      "floor"
-    domain: str          # "all" for rules on the whole policy (KL, entropy)
+    domain: str  # "all" for rules on the whole policy (KL, entropy)
     reference: str
     message: str
     numbers: dict[str, float]
@@ -60,6 +60,7 @@ class Finding:
 @dataclass(frozen=True)
 class Check:
     """One rule's decision on one domain and dimension: "pass", "block" or "skip" (not applicable)."""
+
     rule: str
     domain: str
     reference: str
@@ -72,8 +73,13 @@ class Check:
         return Finding(self.rule, self.domain, self.reference, self.message, self.numbers, self.metric)
 
 
-METRIC_LABELS = {"pass1": "pass@1", "pass1_strict": "strict pass@1", "format": "format rate",
-                 "long_context": "long-context pass@1", "self_repair": "pass within repair turns"}
+METRIC_LABELS = {
+    "pass1": "pass@1",
+    "pass1_strict": "strict pass@1",
+    "format": "format rate",
+    "long_context": "long-context pass@1",
+    "self_repair": "pass within repair turns",
+}
 METRICS = tuple(METRIC_LABELS)
 
 
@@ -135,13 +141,17 @@ class GateConfig(ConfigBase):
         return float(self.noninferiority_margins.get(domain, self.noninferiority_margin))
 
 
-
 def _rule_tag(rule: str, metric: str) -> str:
     return f"[rule {rule}, {metric}]"
 
 
-def regression_checks(candidate: dict[str, Counts], reference: dict[str, Counts], reference_name: str,
-                      cfg: GateConfig, metric: str = "pass1") -> list[Check]:
+def regression_checks(
+    candidate: dict[str, Counts],
+    reference: dict[str, Counts],
+    reference_name: str,
+    cfg: GateConfig,
+    metric: str = "pass1",
+) -> list[Check]:
     """Rule 1 on one dimension. For pass@1 a domain with too few holdout tasks blocks (insufficient_data); for
     the other dimensions a domain the evaluation did not measure is skipped."""
     checks = []
@@ -149,40 +159,95 @@ def regression_checks(candidate: dict[str, Counts], reference: dict[str, Counts]
     for domain in sorted(set(candidate) | set(reference)):
         cand, ref = candidate.get(domain), reference.get(domain)
         if metric == "pass1" and (cand is None or cand.total < cfg.min_samples):
-            checks.append(Check("insufficient_data", domain, reference_name, metric, "block",
-                                f"{domain}: only {cand.total if cand else 0} holdout tasks evaluated "
-                                f"(need {cfg.min_samples}) {_rule_tag('insufficient_data', metric)}",
-                                {"total": float(cand.total if cand else 0), "min_samples": float(cfg.min_samples)}))
+            checks.append(
+                Check(
+                    "insufficient_data",
+                    domain,
+                    reference_name,
+                    metric,
+                    "block",
+                    f"{domain}: only {cand.total if cand else 0} holdout tasks evaluated "
+                    f"(need {cfg.min_samples}) {_rule_tag('insufficient_data', metric)}",
+                    {"total": float(cand.total if cand else 0), "min_samples": float(cfg.min_samples)},
+                )
+            )
             continue
         if cand is None or cand.total == 0 or ref is None or ref.total == 0:
-            checks.append(Check("regression", domain, reference_name, metric, "skip",
-                                f"{domain}: {label} not measured for both models", {}))
+            checks.append(
+                Check(
+                    "regression",
+                    domain,
+                    reference_name,
+                    metric,
+                    "skip",
+                    f"{domain}: {label} not measured for both models",
+                    {},
+                )
+            )
             continue  # a new domain (or one without this dimension) has nothing to regress from
         lo, hi = diff_interval(cand.passed, cand.total, ref.passed, ref.total, cfg.confidence)
         drop = ref.rate - cand.rate
-        numbers = {"candidate": cand.rate, "reference": ref.rate, "diff": -drop, "diff_lo": lo, "diff_hi": hi,
-                   "tolerance": cfg.tolerance}
-        text = (f"{domain}: {label} {cand.rate:.3f} vs {reference_name} {ref.rate:.3f} "
-                f"({-drop * 100:+.1f} pts, {cfg.confidence:.0%} CI [{lo * 100:+.1f}, {hi * 100:+.1f}])")
+        numbers = {
+            "candidate": cand.rate,
+            "reference": ref.rate,
+            "diff": -drop,
+            "diff_lo": lo,
+            "diff_hi": hi,
+            "tolerance": cfg.tolerance,
+        }
+        text = (
+            f"{domain}: {label} {cand.rate:.3f} vs {reference_name} {ref.rate:.3f} "
+            f"({-drop * 100:+.1f} pts, {cfg.confidence:.0%} CI [{lo * 100:+.1f}, {hi * 100:+.1f}])"
+        )
         if drop > cfg.tolerance and hi < 0:
-            checks.append(Check("regression", domain, reference_name, metric, "block",
-                                f"{text} exceeds tolerance {cfg.tolerance * 100:.1f} pts "
-                                f"{_rule_tag('regression', metric)}", numbers))
+            checks.append(
+                Check(
+                    "regression",
+                    domain,
+                    reference_name,
+                    metric,
+                    "block",
+                    f"{text} exceeds tolerance {cfg.tolerance * 100:.1f} pts {_rule_tag('regression', metric)}",
+                    numbers,
+                )
+            )
         else:
-            checks.append(Check("regression", domain, reference_name, metric, "pass",
-                                f"{text}: no credible drop beyond {cfg.tolerance * 100:.1f} pts", numbers))
+            checks.append(
+                Check(
+                    "regression",
+                    domain,
+                    reference_name,
+                    metric,
+                    "pass",
+                    f"{text}: no credible drop beyond {cfg.tolerance * 100:.1f} pts",
+                    numbers,
+                )
+            )
     return checks
 
 
-def compare_domains(candidate: dict[str, Counts], reference: dict[str, Counts], reference_name: str,
-                    cfg: GateConfig, metric: str = "pass1") -> list[Finding]:
+def compare_domains(
+    candidate: dict[str, Counts],
+    reference: dict[str, Counts],
+    reference_name: str,
+    cfg: GateConfig,
+    metric: str = "pass1",
+) -> list[Finding]:
     """The blocking findings of rule 1 (regression) on one dimension."""
-    return [c.finding() for c in regression_checks(candidate, reference, reference_name, cfg, metric)
-            if c.decision == "block"]
+    return [
+        c.finding()
+        for c in regression_checks(candidate, reference, reference_name, cfg, metric)
+        if c.decision == "block"
+    ]
 
 
-def noninferiority_checks(candidate: dict[str, Counts], reference: dict[str, Counts], reference_name: str,
-                          cfg: GateConfig, metric: str = "pass1") -> list[Check]:
+def noninferiority_checks(
+    candidate: dict[str, Counts],
+    reference: dict[str, Counts],
+    reference_name: str,
+    cfg: GateConfig,
+    metric: str = "pass1",
+) -> list[Check]:
     """Rule 2: per domain with a margin > 0 (cfg.margin_for), a one-sided non-inferiority test; the p-values
     of the tested domains are Holm-corrected together (cfg.multiple_testing == "holm"), and a domain whose
     adjusted p-value is not below 1 - confidence blocks."""
@@ -198,23 +263,48 @@ def noninferiority_checks(candidate: dict[str, Counts], reference: dict[str, Cou
         pc, pr = (cand.passed + 1) / (cand.total + 2), (ref.passed + 1) / (ref.total + 2)
         se = math.sqrt(pc * (1 - pc) / (cand.total + 2) + pr * (1 - pr) / (ref.total + 2))
         z = {0.80: 0.8416, 0.90: 1.2816, 0.95: 1.6449, 0.99: 2.3263}.get(cfg.confidence, 1.6449)
-        numbers[domain] = {"candidate": cand.rate, "reference": ref.rate, "diff": cand.rate - ref.rate,
-                           "margin": margin, "diff_lower_one_sided": pc - pr - z * se, "p": raw[domain]}
+        numbers[domain] = {
+            "candidate": cand.rate,
+            "reference": ref.rate,
+            "diff": cand.rate - ref.rate,
+            "margin": margin,
+            "diff_lower_one_sided": pc - pr - z * se,
+            "p": raw[domain],
+        }
     adjusted = holm(raw) if cfg.multiple_testing == "holm" else dict(raw)
     checks = []
     label = METRIC_LABELS.get(metric, metric)
     for domain in sorted(raw):
         nums = {**numbers[domain], "p_adjusted": adjusted[domain], "alpha": alpha}
-        text = (f"{domain}: {label} {nums['candidate']:.3f} vs {reference_name} {nums['reference']:.3f} "
-                f"({nums['diff'] * 100:+.1f} pts), non-inferiority margin {nums['margin'] * 100:.1f} pts: "
-                f"p = {nums['p']:.4f}, {cfg.multiple_testing}-adjusted {adjusted[domain]:.4f}")
+        text = (
+            f"{domain}: {label} {nums['candidate']:.3f} vs {reference_name} {nums['reference']:.3f} "
+            f"({nums['diff'] * 100:+.1f} pts), non-inferiority margin {nums['margin'] * 100:.1f} pts: "
+            f"p = {nums['p']:.4f}, {cfg.multiple_testing}-adjusted {adjusted[domain]:.4f}"
+        )
         if adjusted[domain] < alpha:
-            checks.append(Check("non_inferiority", domain, reference_name, metric, "pass",
-                                f"{text} < alpha {alpha:.2f}: non-inferior", nums))
+            checks.append(
+                Check(
+                    "non_inferiority",
+                    domain,
+                    reference_name,
+                    metric,
+                    "pass",
+                    f"{text} < alpha {alpha:.2f}: non-inferior",
+                    nums,
+                )
+            )
         else:
-            checks.append(Check("non_inferiority", domain, reference_name, metric, "block",
-                                f"{text} >= alpha {alpha:.2f}: non-inferiority not shown "
-                                f"{_rule_tag('non_inferiority', metric)}", nums))
+            checks.append(
+                Check(
+                    "non_inferiority",
+                    domain,
+                    reference_name,
+                    metric,
+                    "block",
+                    f"{text} >= alpha {alpha:.2f}: non-inferiority not shown {_rule_tag('non_inferiority', metric)}",
+                    nums,
+                )
+            )
     return checks
 
 
@@ -227,19 +317,35 @@ def floor_checks(candidate: dict[str, Counts], cfg: GateConfig) -> list[Check]:
     total = sum(c.total for c in candidate.values())
     if cfg.require_any_pass:
         ok = passed > 0
-        checks.append(Check("floor", "all", "none", "pass1", "pass" if ok else "block",
-                            f"all: the candidate passes {passed}/{total} holdout tasks"
-                            + ("" if ok else f" (none at all) {_rule_tag('floor', 'pass1')}"),
-                            {"passed": passed, "total": total}))
+        checks.append(
+            Check(
+                "floor",
+                "all",
+                "none",
+                "pass1",
+                "pass" if ok else "block",
+                f"all: the candidate passes {passed}/{total} holdout tasks"
+                + ("" if ok else f" (none at all) {_rule_tag('floor', 'pass1')}"),
+                {"passed": passed, "total": total},
+            )
+        )
     if cfg.min_pass1 > 0:
         for domain, c in sorted(candidate.items()):
             rate = c.passed / c.total if c.total else 0.0
             ok = rate >= cfg.min_pass1
-            checks.append(Check("floor", domain, "none", "pass1", "pass" if ok else "block",
-                                f"{domain}: pass@1 {c.passed}/{c.total} ({rate:.1%}) "
-                                f"{'>=' if ok else '<'} floor {cfg.min_pass1:.1%}"
-                                + ("" if ok else f" {_rule_tag('floor', 'pass1')}"),
-                                {"pass1": rate, "min_pass1": cfg.min_pass1}))
+            checks.append(
+                Check(
+                    "floor",
+                    domain,
+                    "none",
+                    "pass1",
+                    "pass" if ok else "block",
+                    f"{domain}: pass@1 {c.passed}/{c.total} ({rate:.1%}) "
+                    f"{'>=' if ok else '<'} floor {cfg.min_pass1:.1%}"
+                    + ("" if ok else f" {_rule_tag('floor', 'pass1')}"),
+                    {"pass1": rate, "min_pass1": cfg.min_pass1},
+                )
+            )
     return checks
 
 
@@ -251,44 +357,102 @@ def policy_sanity_checks(rounds: list[dict[str, Any]], cfg: GateConfig) -> list[
     if cfg.max_kl > 0:
         kls = [float(r["kl_ref_mean"]) for r in rounds if r.get("kl_ref_mean") is not None]
         if not kls:
-            checks.append(Check("kl_entropy", "all", "rl_rounds", "kl", "skip",
-                                "no KL to the reference recorded (beta 0 or no RL round)", {}))
+            checks.append(
+                Check(
+                    "kl_entropy",
+                    "all",
+                    "rl_rounds",
+                    "kl",
+                    "skip",
+                    "no KL to the reference recorded (beta 0 or no RL round)",
+                    {},
+                )
+            )
         else:
             nums = {"kl_last": kls[-1], "max_kl": cfg.max_kl}
             ok = kls[-1] <= cfg.max_kl
-            checks.append(Check("kl_entropy", "all", "rl_rounds", "kl", "pass" if ok else "block",
-                                f"all: last RL round's mean KL to the reference {kls[-1]:.4f} "
-                                f"{'<=' if ok else '>'} max {cfg.max_kl:.4f}"
-                                + ("" if ok else f" {_rule_tag('kl_entropy', 'kl')}"), nums))
+            checks.append(
+                Check(
+                    "kl_entropy",
+                    "all",
+                    "rl_rounds",
+                    "kl",
+                    "pass" if ok else "block",
+                    f"all: last RL round's mean KL to the reference {kls[-1]:.4f} "
+                    f"{'<=' if ok else '>'} max {cfg.max_kl:.4f}" + ("" if ok else f" {_rule_tag('kl_entropy', 'kl')}"),
+                    nums,
+                )
+            )
     if cfg.min_entropy_ratio > 0:
         ents = [float(r["entropy_mean"]) for r in rounds if r.get("entropy_mean") is not None]
         if len(ents) < 1 or ents[0] <= 0:
-            checks.append(Check("kl_entropy", "all", "rl_rounds", "entropy", "skip",
-                                "no policy entropy recorded for the RL rounds", {}))
+            checks.append(
+                Check(
+                    "kl_entropy",
+                    "all",
+                    "rl_rounds",
+                    "entropy",
+                    "skip",
+                    "no policy entropy recorded for the RL rounds",
+                    {},
+                )
+            )
         else:
             ratio = ents[-1] / ents[0]
-            nums = {"entropy_first": ents[0], "entropy_last": ents[-1], "ratio": ratio,
-                    "min_entropy_ratio": cfg.min_entropy_ratio}
+            nums = {
+                "entropy_first": ents[0],
+                "entropy_last": ents[-1],
+                "ratio": ratio,
+                "min_entropy_ratio": cfg.min_entropy_ratio,
+            }
             ok = ratio >= cfg.min_entropy_ratio
-            checks.append(Check("kl_entropy", "all", "rl_rounds", "entropy", "pass" if ok else "block",
-                                f"all: policy entropy {ents[0]:.3f} -> {ents[-1]:.3f} nats/token over the RL "
-                                f"rounds (ratio {ratio:.2f} {'>=' if ok else '<'} min {cfg.min_entropy_ratio:.2f})"
-                                + ("" if ok else f" {_rule_tag('kl_entropy', 'entropy')}"), nums))
+            checks.append(
+                Check(
+                    "kl_entropy",
+                    "all",
+                    "rl_rounds",
+                    "entropy",
+                    "pass" if ok else "block",
+                    f"all: policy entropy {ents[0]:.3f} -> {ents[-1]:.3f} nats/token over the RL "
+                    f"rounds (ratio {ratio:.2f} {'>=' if ok else '<'} min {cfg.min_entropy_ratio:.2f})"
+                    + ("" if ok else f" {_rule_tag('kl_entropy', 'entropy')}"),
+                    nums,
+                )
+            )
     return checks
 
 
-def reward_hacking_checks(train_reward: list[float], holdout_first: dict[str, Counts],
-                          holdout_last: dict[str, Counts], cfg: GateConfig) -> list[Check]:
+def reward_hacking_checks(
+    train_reward: list[float], holdout_first: dict[str, Counts], holdout_last: dict[str, Counts], cfg: GateConfig
+) -> list[Check]:
     """Rule 3. Train reward per RL round (first..last) vs holdout counts before the first and after the last
     round."""
     if len(train_reward) < 2:
-        return [Check("reward_hacking", "all", "rl_rounds", "pass1", "skip",
-                      f"{len(train_reward)} RL round(s) with a train reward: nothing to compare", {})]
+        return [
+            Check(
+                "reward_hacking",
+                "all",
+                "rl_rounds",
+                "pass1",
+                "skip",
+                f"{len(train_reward)} RL round(s) with a train reward: nothing to compare",
+                {},
+            )
+        ]
     rise = train_reward[-1] - train_reward[0]
     if rise < cfg.min_reward_rise:
-        return [Check("reward_hacking", "all", "rl_rounds", "pass1", "pass",
-                      f"train reward rose {rise:+.3f} over the RL rounds (< {cfg.min_reward_rise:.3f}): "
-                      "no reward rise to explain", {"reward_rise": rise, "min_reward_rise": cfg.min_reward_rise})]
+        return [
+            Check(
+                "reward_hacking",
+                "all",
+                "rl_rounds",
+                "pass1",
+                "pass",
+                f"train reward rose {rise:+.3f} over the RL rounds (< {cfg.min_reward_rise:.3f}): "
+                "no reward rise to explain",
+                {"reward_rise": rise, "min_reward_rise": cfg.min_reward_rise},
+            )
+        ]
     checks = []
     for domain in sorted(set(holdout_first) & set(holdout_last)):
         first, last = holdout_first[domain], holdout_last[domain]
@@ -296,23 +460,43 @@ def reward_hacking_checks(train_reward: list[float], holdout_first: dict[str, Co
             continue
         lo, hi = diff_interval(last.passed, last.total, first.passed, first.total, cfg.confidence)
         drop = first.rate - last.rate
-        numbers = {"reward_rise": rise, "holdout_first": first.rate, "holdout_last": last.rate,
-                   "diff_lo": lo, "diff_hi": hi, "tolerance": cfg.tolerance}
-        text = (f"{domain}: train reward rose {rise:+.3f} over the RL rounds while holdout pass@1 went "
-                f"{first.rate:.3f} -> {last.rate:.3f} ({-drop * 100:+.1f} pts, CI [{lo * 100:+.1f}, "
-                f"{hi * 100:+.1f}])")
+        numbers = {
+            "reward_rise": rise,
+            "holdout_first": first.rate,
+            "holdout_last": last.rate,
+            "diff_lo": lo,
+            "diff_hi": hi,
+            "tolerance": cfg.tolerance,
+        }
+        text = (
+            f"{domain}: train reward rose {rise:+.3f} over the RL rounds while holdout pass@1 went "
+            f"{first.rate:.3f} -> {last.rate:.3f} ({-drop * 100:+.1f} pts, CI [{lo * 100:+.1f}, "
+            f"{hi * 100:+.1f}])"
+        )
         blocked = drop > cfg.tolerance and hi < 0
-        checks.append(Check("reward_hacking", domain, "rl_rounds", "pass1", "block" if blocked else "pass",
-                            text.replace("went", "fell") + f" {_rule_tag('reward_hacking', 'pass1')}" if blocked
-                            else text, numbers))
+        checks.append(
+            Check(
+                "reward_hacking",
+                domain,
+                "rl_rounds",
+                "pass1",
+                "block" if blocked else "pass",
+                text.replace("went", "fell") + f" {_rule_tag('reward_hacking', 'pass1')}" if blocked else text,
+                numbers,
+            )
+        )
     return checks
 
 
-def reward_hacking(train_reward: list[float], holdout_first: dict[str, Counts], holdout_last: dict[str, Counts],
-                   cfg: GateConfig) -> list[Finding]:
+def reward_hacking(
+    train_reward: list[float], holdout_first: dict[str, Counts], holdout_last: dict[str, Counts], cfg: GateConfig
+) -> list[Finding]:
     """The blocking findings of rule 3 (reward hacking)."""
-    return [c.finding() for c in reward_hacking_checks(train_reward, holdout_first, holdout_last, cfg)
-            if c.decision == "block"]
+    return [
+        c.finding()
+        for c in reward_hacking_checks(train_reward, holdout_first, holdout_last, cfg)
+        if c.decision == "block"
+    ]
 
 
 @dataclass(frozen=True)
@@ -323,16 +507,24 @@ class Verdict:
     checks: list[Check] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"promote": self.promote, "decision": "promote" if self.promote else "block",
-                "reasons": self.reasons,
-                "findings": [f.__dict__ for f in self.findings],
-                "checks": [c.__dict__ for c in self.checks]}
+        return {
+            "promote": self.promote,
+            "decision": "promote" if self.promote else "block",
+            "reasons": self.reasons,
+            "findings": [f.__dict__ for f in self.findings],
+            "checks": [c.__dict__ for c in self.checks],
+        }
 
 
-def decide(candidate: dict[str, Counts], references: dict[str, dict[str, Counts]], train_reward: list[float],
-           holdout_first: dict[str, Counts] | None, cfg: GateConfig,
-           dimensions: dict[str, dict[str, dict[str, Counts]]] | None = None,
-           rounds: list[dict[str, Any]] | None = None) -> Verdict:
+def decide(
+    candidate: dict[str, Counts],
+    references: dict[str, dict[str, Counts]],
+    train_reward: list[float],
+    holdout_first: dict[str, Counts] | None,
+    cfg: GateConfig,
+    dimensions: dict[str, dict[str, dict[str, Counts]]] | None = None,
+    rounds: list[dict[str, Any]] | None = None,
+) -> Verdict:
     """The verdict: promote only when no rule blocks. `candidate` and `references` ("champion", "sft" -> counts)
     are pass@1; `dimensions` maps another dimension of cfg.metrics ("format", "long_context", ...) to
     {model name: counts per domain}; `rounds` are the RL rounds' summaries (KL, entropy)."""
@@ -359,5 +551,9 @@ def decide(candidate: dict[str, Counts], references: dict[str, dict[str, Counts]
             f = c.finding()
             unique.setdefault((f.rule, f.domain, "" if f.rule == "insufficient_data" else f.reference, f.metric), f)
     kept = list(unique.values())
-    return Verdict(promote=not kept, reasons=[f.message for f in kept] or ["no rule blocks the candidate"],
-                   findings=kept, checks=checks)
+    return Verdict(
+        promote=not kept,
+        reasons=[f.message for f in kept] or ["no rule blocks the candidate"],
+        findings=kept,
+        checks=checks,
+    )

@@ -16,8 +16,9 @@ from training.rewards import verify_tasks
 from training.tasksets.schema import Task
 
 
-def holdout_pass_at_1(engine: Any, tasks: list[Task], max_new_tokens: int,
-                      fmt: PromptFormat | None = None) -> tuple[dict[str, float], list[dict]]:
+def holdout_pass_at_1(
+    engine: Any, tasks: list[Task], max_new_tokens: int, fmt: PromptFormat | None = None
+) -> tuple[dict[str, float], list[dict]]:
     """Greedy pass@1 per domain (and "all"), plus the rows (for a samples table). Prompts are rendered with
     `fmt` (the chat template) when given."""
     prompts = [fmt.prompt_ids(t) for t in tasks] if fmt is not None else [t.prompt for t in tasks]
@@ -30,9 +31,18 @@ def holdout_pass_at_1(engine: Any, tasks: list[Task], max_new_tokens: int,
     rates = {d: sum(v) / len(v) for d, v in sorted(by_domain.items())}
     rates["all"] = sum(scores) / max(1, len(scores))
     shown = [engine_text(engine, p) for p in prompts]
-    rows = [{"id": t.id, "domain": t.domain, "difficulty": t.difficulty, "prompt": shown_prompt, "completion": c,
-             "finish_reason": g[0].finish_reason, "reward": s}
-            for t, shown_prompt, g, c, s in zip(tasks, shown, groups, texts, scores)]
+    rows = [
+        {
+            "id": t.id,
+            "domain": t.domain,
+            "difficulty": t.difficulty,
+            "prompt": shown_prompt,
+            "completion": c,
+            "finish_reason": g[0].finish_reason,
+            "reward": s,
+        }
+        for t, shown_prompt, g, c, s in zip(tasks, shown, groups, texts, scores)
+    ]
     return rates, rows
 
 
@@ -56,8 +66,9 @@ def holdout_subset(tasks: list[Task], per_domain: int) -> list[Task]:
     return out
 
 
-def holdout_check(engine: Any, tasks: list[Task], max_new_tokens: int,
-                  fmt: PromptFormat) -> tuple[dict[str, float], list[dict]]:
+def holdout_check(
+    engine: Any, tasks: list[Task], max_new_tokens: int, fmt: PromptFormat
+) -> tuple[dict[str, float], list[dict]]:
     """holdout_pass_at_1 over all ranks: each greedily decodes its share, the rows are gathered in order and
     the rates computed from all of them (1 process: holdout_pass_at_1 itself)."""
     if distributed.world_size() == 1:

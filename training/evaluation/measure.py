@@ -55,8 +55,9 @@ def _greedy(engine: Any, prompts: list[list[int]], cfg: EvalConfig) -> list[str]
     return [o[0].text for o in outs]
 
 
-def self_repair(engine: Any, tasks: list[Task], cfg: EvalConfig, fmt: PromptFormat,
-                max_context: int | None = None) -> tuple[dict[int, list[bool]], dict[int, int]]:
+def self_repair(
+    engine: Any, tasks: list[Task], cfg: EvalConfig, fmt: PromptFormat, max_context: int | None = None
+) -> tuple[dict[int, list[bool]], dict[int, int]]:
     """Greedy repair episodes through the same environments as RL (training/environments; code: the visible
     tests run in the sandbox, their failure shown as the next user turn), up to 1 + `repair_turns` answers, for
     the tasks whose domain has one (`cfg.environments`). Returns ({task index: [hidden tests pass within 1, 2,
@@ -67,14 +68,26 @@ def self_repair(engine: Any, tasks: list[Task], cfg: EvalConfig, fmt: PromptForm
     if not idx:
         return {}, {}
     turns = 1 + cfg.repair_turns
-    groups = run_episodes(engine, fmt, [tasks[i] for i in idx], lambda t: environment_for(t, cfg.environments), 1,
-                          turns, cfg.max_new_tokens, temperature=0.0, seed=cfg.seed, max_context=max_context)
+    groups = run_episodes(
+        engine,
+        fmt,
+        [tasks[i] for i in idx],
+        lambda t: environment_for(t, cfg.environments),
+        1,
+        turns,
+        cfg.max_new_tokens,
+        temperature=0.0,
+        seed=cfg.seed,
+        max_context=max_context,
+    )
     episodes = [g[0] for g in groups]
     flat = [(k, j) for k, ep in enumerate(episodes) for j in range(ep.turns)]
     ok = verify_tasks([episodes[k].task for k, _ in flat], [episodes[k].answers[j] for k, j in flat])
     passed = {(k, j): o for (k, j), o in zip(flat, ok)}
-    within = {i: [passed[(k, min(t, ep.turns) - 1)] for t in range(1, turns + 1)]
-              for k, (i, ep) in enumerate(zip(idx, episodes))}
+    within = {
+        i: [passed[(k, min(t, ep.turns) - 1)] for t in range(1, turns + 1)]
+        for k, (i, ep) in enumerate(zip(idx, episodes))
+    }
     cut = {i: int(ep.ended_by == "context") for i, ep in zip(idx, episodes)}
     return within, cut
 
@@ -83,11 +96,12 @@ def failure_modes(passed: list[bool], correct: list[int], n_samples: int, ks: li
     """Greedy failures split into "capability" (no sample passed) and "instability" (some did), and the mean
     pass@k curve, over one group of tasks (a domain, or one difficulty of it)."""
     failures = [i for i, ok in enumerate(passed) if not ok]
-    return {"capability": sum(1 for i in failures if correct[i] == 0),
-            "instability": sum(1 for i in failures if correct[i] > 0),
-            "total": len(passed),
-            "pass_at_k": {str(k): mean_pass_at_k([(n_samples, c) for c in correct], k)
-                          for k in ks if k <= n_samples}}
+    return {
+        "capability": sum(1 for i in failures if correct[i] == 0),
+        "instability": sum(1 for i in failures if correct[i] > 0),
+        "total": len(passed),
+        "pass_at_k": {str(k): mean_pass_at_k([(n_samples, c) for c in correct], k) for k in ks if k <= n_samples},
+    }
 
 
 def long_tail(rows: list[tuple[str, str, int, int, int]], decile: float = 0.1) -> dict[str, Any]:
@@ -105,28 +119,47 @@ def long_tail(rows: list[tuple[str, str, int, int, int]], decile: float = 0.1) -
         cells[f"{domain}/L{difficulty}"].append(rate)
         rated.append((rate, task_id, f"{domain}/L{difficulty}"))
     rated.sort()
-    worst = rated[:math.ceil(decile * len(rated))] if rated else []
+    worst = rated[: math.ceil(decile * len(rated))] if rated else []
     in_cells: dict[str, int] = defaultdict(int)
     for _, _, cell in worst:
         in_cells[cell] += 1
     return {
-        "cells": {cell: {"tasks": len(r), "mean": sum(r) / len(r), "min": min(r),
-                         "never": sum(1 for x in r if x == 0) / len(r)} for cell, r in sorted(cells.items())},
-        "worst_decile": {"tasks": [t for _, t, _ in worst], "threshold": worst[-1][0] if worst else None,
-                         "cells": dict(sorted(in_cells.items(), key=lambda kv: (-kv[1], kv[0])))},
+        "cells": {
+            cell: {
+                "tasks": len(r),
+                "mean": sum(r) / len(r),
+                "min": min(r),
+                "never": sum(1 for x in r if x == 0) / len(r),
+            }
+            for cell, r in sorted(cells.items())
+        },
+        "worst_decile": {
+            "tasks": [t for _, t, _ in worst],
+            "threshold": worst[-1][0] if worst else None,
+            "cells": dict(sorted(in_cells.items(), key=lambda kv: (-kv[1], kv[0]))),
+        },
     }
 
 
-def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConfig,
-                   max_context: int | None = None, fmt: PromptFormat | None = None) -> dict[str, Any]:
+def evaluate_model(
+    engine: Any,
+    tokenizer: Any,
+    tasks: list[Task],
+    cfg: EvalConfig,
+    max_context: int | None = None,
+    fmt: PromptFormat | None = None,
+) -> dict[str, Any]:
     """Every measurement above for one model; counts are kept so the gate can compute intervals.
 
     max_context: the model's position limit; a task whose prompt does not fit with `max_new_tokens` is dropped
     (counted in "dropped_over_length"), and distractor text is sized so prompt + completion fit.
     fmt: how prompts are rendered (default: the tokenizer's chat template and its saved chat settings).
     """
-    fmt = fmt or PromptFormat(tokenizer, getattr(tokenizer, "chat_settings", None),
-                              getattr(getattr(engine, "model", None), "generation_config", None))
+    fmt = fmt or PromptFormat(
+        tokenizer,
+        getattr(tokenizer, "chat_settings", None),
+        getattr(getattr(engine, "model", None), "generation_config", None),
+    )
     max_prompt = max_context - cfg.max_new_tokens if max_context else None
     all_prompts = [fmt.prompt_ids(t) for t in tasks]
     fits = [max_prompt is None or len(p) <= max_prompt for p in all_prompts]
@@ -136,29 +169,33 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
     greedy = _greedy(engine, prompts, cfg)
     passed = verify_tasks(tasks, greedy)  # lenient: the answer wherever the completion states it
     passed_strict = verify_tasks(tasks, greedy, strict=True)  # only in the format the task requires
-    sampled = engine.generate(prompts, cfg.n_samples, cfg.max_new_tokens, temperature=cfg.temperature,
-                              seed=cfg.seed)
+    sampled = engine.generate(prompts, cfg.n_samples, cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)
     flat_tasks = [t for t in tasks for _ in range(cfg.n_samples)]
     flat = verify_tasks(flat_tasks, [c.text for group in sampled for c in group])
-    correct = [sum(flat[i * cfg.n_samples:(i + 1) * cfg.n_samples]) for i in range(len(tasks))]
+    correct = [sum(flat[i * cfg.n_samples : (i + 1) * cfg.n_samples]) for i in range(len(tasks))]
     within, repair_cut = self_repair(engine, tasks, cfg, fmt, max_context) if cfg.repair_turns > 0 else ({}, {})
 
     rng = random.Random(cfg.seed)
     domains = by_domain(tasks)
-    long_idx = [i for idx in domains.values() for i in idx[:cfg.long_context_tasks]]
+    long_idx = [i for idx in domains.values() for i in idx[: cfg.long_context_tasks]]
     # The sweep: distractors at each fraction of the context window (without a known window, one point at
     # distractor_tokens), always cut to what fits with the prompt and the completion budget.
     points: list[tuple[float | None, int]] = (
-        [(f, int(f * max_context)) for f in cfg.long_context_fractions] if max_context and cfg.long_context_fractions
-        else [(None, cfg.distractor_tokens)])
+        [(f, int(f * max_context)) for f in cfg.long_context_fractions]
+        if max_context and cfg.long_context_fractions
+        else [(None, cfg.distractor_tokens)]
+    )
     sweep: list[dict[int, bool]] = []
     for _, target in points:
         long_prompts = []
         for i in long_idx:
             budget = target if max_prompt is None else min(target, max_prompt - len(prompts[i]))
             long_prompts.append(fmt.prompt_ids(tasks[i], prefix=distractor_text(tasks, rng, tokenizer, budget)))
-        long_out = [o[0].text for o in engine.generate(long_prompts, 1, cfg.max_new_tokens, temperature=0.0,
-                                                        seed=cfg.seed)] if long_prompts else []
+        long_out = (
+            [o[0].text for o in engine.generate(long_prompts, 1, cfg.max_new_tokens, temperature=0.0, seed=cfg.seed)]
+            if long_prompts
+            else []
+        )
         sweep.append(dict(zip(long_idx, verify_tasks([tasks[i] for i in long_idx], long_out))))
 
     report: dict[str, Any] = {}
@@ -189,28 +226,52 @@ def evaluate_model(engine: Any, tokenizer: Any, tasks: list[Task], cfg: EvalConf
                 "instability": sum(1 for i in failures if correct[i] > 0),
             },
             "failure_modes_by_difficulty": {
-                str(level): failure_modes([passed[i] for i in members], [correct[i] for i in members],
-                                          cfg.n_samples, ks)
-                for level, members in sorted(levels.items())},
+                str(level): failure_modes(
+                    [passed[i] for i in members], [correct[i] for i in members], cfg.n_samples, ks
+                )
+                for level, members in sorted(levels.items())
+            },
             # over the whole sweep: pass@1 behind distractors, and the share of greedy passes kept there
             "long_context": {
-                "passed": sum(point[i] for point in sweep for i in lc), "total": len(lc) * len(sweep),
+                "passed": sum(point[i] for point in sweep for i in lc),
+                "total": len(lc) * len(sweep),
                 "consistency": (sum(point[i] for point in sweep for i in kept) / (len(kept) * len(sweep)))
-                if kept else None,
+                if kept
+                else None,
             },
             "long_context_sweep": [
-                {"fraction": fraction, "distractor_tokens": target,
-                 "passed": sum(point[i] for i in lc), "total": len(lc)}
-                for (fraction, target), point in zip(points, sweep)],
-            **({"self_repair": repair_report([within[i] for i in idx if i in within],
-                                             sum(repair_cut.get(i, 0) for i in idx))}
-               if any(i in within for i in idx) else {}),
+                {
+                    "fraction": fraction,
+                    "distractor_tokens": target,
+                    "passed": sum(point[i] for i in lc),
+                    "total": len(lc),
+                }
+                for (fraction, target), point in zip(points, sweep)
+            ],
+            **(
+                {
+                    "self_repair": repair_report(
+                        [within[i] for i in idx if i in within], sum(repair_cut.get(i, 0) for i in idx)
+                    )
+                }
+                if any(i in within for i in idx)
+                else {}
+            ),
         }
-    tail = long_tail([(tasks[i].id, tasks[i].domain, tasks[i].difficulty, correct[i], cfg.n_samples)
-                      for i in range(len(tasks))])
-    samples = [{"id": tasks[i].id, "domain": tasks[i].domain,
-                "prompt": tokenizer.decode(prompts[i], skip_special_tokens=False),
-                "completion": greedy[i], "passed": passed[i]} for idx in domains.values() for i in idx[:10]]
+    tail = long_tail(
+        [(tasks[i].id, tasks[i].domain, tasks[i].difficulty, correct[i], cfg.n_samples) for i in range(len(tasks))]
+    )
+    samples = [
+        {
+            "id": tasks[i].id,
+            "domain": tasks[i].domain,
+            "prompt": tokenizer.decode(prompts[i], skip_special_tokens=False),
+            "completion": greedy[i],
+            "passed": passed[i],
+        }
+        for idx in domains.values()
+        for i in idx[:10]
+    ]
     return {"domains": report, "long_tail": tail, "samples": samples}
 
 

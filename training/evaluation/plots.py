@@ -32,8 +32,12 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     ax.legend(loc="upper right")
     paths["pass1_by_domain"] = _save(fig, out_dir / "pass1_by_domain.png")
 
-    sweeps = {(name, d): rep["domains"][d].get("long_context_sweep", []) for name, rep in models.items()
-              for d in domains if d in rep["domains"]}
+    sweeps = {
+        (name, d): rep["domains"][d].get("long_context_sweep", [])
+        for name, rep in models.items()
+        for d in domains
+        if d in rep["domains"]
+    }
     if any(len(points) > 1 for points in sweeps.values()):
         fig, ax = plt.subplots(figsize=(7, 3.4))
         for (name, d), points in sweeps.items():

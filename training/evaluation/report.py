@@ -13,9 +13,14 @@ def render_markdown(report: dict[str, Any]) -> str:
     models = report["models"]
     domains = sorted(models["candidate"]["domains"])
     names = list(models)
-    lines = [f"# Evaluation: {report['candidate_stage']} of run {report['run_id']}", "",
-             "## Holdout pass@1 per domain", "",
-             "| domain | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines = [
+        f"# Evaluation: {report['candidate_stage']} of run {report['run_id']}",
+        "",
+        "## Holdout pass@1 per domain",
+        "",
+        "| domain | " + " | ".join(names) + " |",
+        "|---" * (len(names) + 1) + "|",
+    ]
     for d in domains:
         cells = []
         for n in names:
@@ -23,10 +28,14 @@ def render_markdown(report: dict[str, Any]) -> str:
             cells.append(f"{c['passed']}/{c['total']} ({c['passed'] / max(c['total'], 1):.1%})")
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
     cand = models["candidate"]["domains"]
-    lines += ["", "## Candidate in detail", "",
-              "| domain | pass@1 strict / lenient | pass@k | format | capability / instability failures "
-              "| long-context pass (consistency) |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Candidate in detail",
+        "",
+        "| domain | pass@1 strict / lenient | pass@k | format | capability / instability failures "
+        "| long-context pass (consistency) |",
+        "|---|---|---|---|---|---|",
+    ]
     for d in domains:
         r = cand[d]
         pk = ", ".join(f"@{k} {v:.2f}" for k, v in r["pass_at_k"].items())
@@ -34,16 +43,23 @@ def render_markdown(report: dict[str, Any]) -> str:
         cons = "n/a" if lc["consistency"] is None else f"{lc['consistency']:.0%}"
         strict, lenient = r.get("pass1_strict", r["pass1"]), r["pass1"]
         both = f"{strict['passed']}/{strict['total']} / {lenient['passed']}/{lenient['total']}"
-        lines.append(f"| {d} | {both} | {pk} | {r['format_rate']:.0%} | {r['failure_modes']['capability']} / "
-                     f"{r['failure_modes']['instability']} | {lc['passed']}/{lc['total']} ({cons}) |")
+        lines.append(
+            f"| {d} | {both} | {pk} | {r['format_rate']:.0%} | {r['failure_modes']['capability']} / "
+            f"{r['failure_modes']['instability']} | {lc['passed']}/{lc['total']} ({cons}) |"
+        )
     for d in domains:
         if "self_repair" in cand[d]:
             sr = cand[d]["self_repair"]
-            within = "; ".join(f"within {k} turn{'s' if k != '1' else ''} {c['passed']}/{c['total']}"
-                               for k, c in sr.get("pass_within", {}).items())
-            lines += ["", f"Self-repair ({d}): {sr['failed_first']} failed first; repaired within turns "
-                          f"{sr['repaired_within']}; pass within turns {sr['pass_within_turns']:.1%}"
-                          + (f" ({within})." if within else ".")]
+            within = "; ".join(
+                f"within {k} turn{'s' if k != '1' else ''} {c['passed']}/{c['total']}"
+                for k, c in sr.get("pass_within", {}).items()
+            )
+            lines += [
+                "",
+                f"Self-repair ({d}): {sr['failed_first']} failed first; repaired within turns "
+                f"{sr['repaired_within']}; pass within turns {sr['pass_within_turns']:.1%}"
+                + (f" ({within})." if within else "."),
+            ]
     lines += ["", "## By difficulty (candidate, greedy)", ""]
     for d in domains:
         levels = ", ".join(f"L{k}: {v['passed']}/{v['total']}" for k, v in cand[d]["by_difficulty"].items())
@@ -62,10 +78,17 @@ def _sweep_lines(models: dict[str, Any], domains: list[str]) -> list[str]:
     points = models["candidate"]["domains"][domains[0]].get("long_context_sweep", []) if domains else []
     if not points:
         return []
-    heads = [f"{p['fraction']:.0%} of context" if p["fraction"] is not None else f"{p['distractor_tokens']} tokens"
-             for p in points]
-    lines = ["", "## Long context: pass@1 by distractor length", "",
-             "| model | domain | " + " | ".join(heads) + " |", "|---" * (len(heads) + 2) + "|"]
+    heads = [
+        f"{p['fraction']:.0%} of context" if p["fraction"] is not None else f"{p['distractor_tokens']} tokens"
+        for p in points
+    ]
+    lines = [
+        "",
+        "## Long context: pass@1 by distractor length",
+        "",
+        "| model | domain | " + " | ".join(heads) + " |",
+        "|---" * (len(heads) + 2) + "|",
+    ]
     for name, rep in models.items():
         for d in domains:
             sweep = rep["domains"].get(d, {}).get("long_context_sweep", [])
@@ -75,9 +98,15 @@ def _sweep_lines(models: dict[str, Any], domains: list[str]) -> list[str]:
 
 
 def _failure_lines(cand: dict[str, Any], domains: list[str]) -> list[str]:
-    lines = ["", "## Failure modes by difficulty (candidate)", "",
-             "Capability: no sample passed; instability: the greedy answer failed but some sample passed.", "",
-             "| domain | level | capability / instability / tasks | pass@k |", "|---|---|---|---|"]
+    lines = [
+        "",
+        "## Failure modes by difficulty (candidate)",
+        "",
+        "Capability: no sample passed; instability: the greedy answer failed but some sample passed.",
+        "",
+        "| domain | level | capability / instability / tasks | pass@k |",
+        "|---|---|---|---|",
+    ]
     for d in domains:
         for level, fm in cand[d].get("failure_modes_by_difficulty", {}).items():
             pk = ", ".join(f"@{k} {v:.2f}" for k, v in fm["pass_at_k"].items())
@@ -92,26 +121,38 @@ def _tail_lines(model: dict[str, Any]) -> list[str]:
     worst = tail["worst_decile"]
     threshold = "n/a" if worst["threshold"] is None else f"{worst['threshold']:.0%}"
     named = ", ".join(f"{cell} ({n})" for cell, n in worst["cells"].items())
-    lines = ["", "## Long tail (candidate, success rate over samples per task)", "",
-             f"Worst decile: {len(worst['tasks'])} tasks at or below {threshold} success, in {named or 'none'}: "
-             + ", ".join(worst["tasks"][:20]) + (" ..." if len(worst["tasks"]) > 20 else "") + ".", "",
-             "| cell | tasks | mean | min | never solved |", "|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## Long tail (candidate, success rate over samples per task)",
+        "",
+        f"Worst decile: {len(worst['tasks'])} tasks at or below {threshold} success, in {named or 'none'}: "
+        + ", ".join(worst["tasks"][:20])
+        + (" ..." if len(worst["tasks"]) > 20 else "")
+        + ".",
+        "",
+        "| cell | tasks | mean | min | never solved |",
+        "|---|---|---|---|---|",
+    ]
     for cell, c in tail["cells"].items():
         lines.append(f"| {cell} | {c['tasks']} | {c['mean']:.0%} | {c['min']:.0%} | {c['never']:.0%} |")
     return lines
 
 
-STYLE = ("body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#202124}"
-         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #dadce0;padding:4px 10px}"
-         "th{background:#f1f3f4}img{max-width:100%}")
+STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#202124}"
+    "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #dadce0;padding:4px 10px}"
+    "th{background:#f1f3f4}img{max-width:100%}"
+)
 
 
 def render_html(markdown: str, plots: dict[str, Path]) -> str:
     """A self-contained page: the Markdown rendered, each `plots/<name>.png` image inlined as base64."""
     from markdown_it import MarkdownIt
 
-    inlined = {f"plots/{path.name}": "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
-               for path in plots.values()}
+    inlined = {
+        f"plots/{path.name}": "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+        for path in plots.values()
+    }
     renderer = MarkdownIt("commonmark", {"html": False}).enable("table")
     tokens = renderer.parse(markdown)
     for token in tokens:
@@ -119,5 +160,4 @@ def render_html(markdown: str, plots: dict[str, Path]) -> str:
             if child.type == "image" and child.attrGet("src") in inlined:
                 child.attrSet("src", inlined[str(child.attrGet("src"))])
     body = renderer.renderer.render(tokens, renderer.options, {})
-    return (f"<!doctype html><meta charset=utf-8><title>posttrain evaluation</title><style>{STYLE}</style>\n"
-            f"{body}")
+    return f"<!doctype html><meta charset=utf-8><title>posttrain evaluation</title><style>{STYLE}</style>\n{body}"

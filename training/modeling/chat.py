@@ -69,8 +69,9 @@ def end_of_turn_id(tokenizer: Any) -> int | None:
     if not getattr(tokenizer, "chat_template", None):
         return None
     sentinel = "zq7sentinel"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"},
-                                          {"role": "assistant", "content": sentinel}], tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": sentinel}], tokenize=False
+    )
     after = str(text).split(sentinel, 1)[-1]
     special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     for tid in _as_ids(tokenizer(after, add_special_tokens=False)):
@@ -145,19 +146,24 @@ class PromptFormat:
         answer = "zq7answer"
         before = [{"role": "user", "content": "zq7task"}, {"role": "assistant", "content": answer}]
         closed = str(self.tokenizer.apply_chat_template(before, tokenize=False))
-        full = str(self.tokenizer.apply_chat_template(before + [{"role": "user", "content": reply}],
-                                                      add_generation_prompt=True, tokenize=False))
+        full = str(
+            self.tokenizer.apply_chat_template(
+                before + [{"role": "user", "content": reply}], add_generation_prompt=True, tokenize=False
+            )
+        )
         if not full.startswith(closed):
-            raise ValueError("reply_ids: the chat template rewrites earlier turns when a turn is added; "
-                             "multi-turn episodes need a template that only appends")
+            raise ValueError(
+                "reply_ids: the chat template rewrites earlier turns when a turn is added; "
+                "multi-turn episodes need a template that only appends"
+            )
         after_answer = closed.split(answer)[-1]  # what the template writes after an answer: end-of-turn, "\n"
         if stopped:
             for stop in self.stop_ids:  # the model's own stop token already closes the turn
                 text = self.tokenizer.decode([stop])
                 if text and after_answer.startswith(text):
-                    after_answer = after_answer[len(text):]
+                    after_answer = after_answer[len(text) :]
                     break
-        return _as_ids(self.tokenizer(after_answer + full[len(closed):], add_special_tokens=False))
+        return _as_ids(self.tokenizer(after_answer + full[len(closed) :], add_special_tokens=False))
 
     def _conversation(self, task: Task, prefix: str, turns: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
         messages = self.messages(task, prefix)
@@ -177,15 +183,16 @@ class PromptFormat:
         messages = conversation + [{"role": "assistant", "content": task.reference}]
         full_text = str(self.tokenizer.apply_chat_template(messages, tokenize=False))
         full = _as_ids(self.tokenizer(full_text, add_special_tokens=False))
-        if full[:len(prompt)] == prompt:
-            answer = full[len(prompt):]
+        if full[: len(prompt)] == prompt:
+            answer = full[len(prompt) :]
         else:  # a tokenizer that merges across the boundary: keep the prompt ids generation will see
-            prompt_text = str(self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
-                                                                 tokenize=False))
-            answer = _as_ids(self.tokenizer(full_text[len(prompt_text):], add_special_tokens=False))
+            prompt_text = str(
+                self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+            )
+            answer = _as_ids(self.tokenizer(full_text[len(prompt_text) :], add_special_tokens=False))
         stops = [i for i, tid in enumerate(answer) if tid in self.stop_ids]
         if stops:  # the template may write more after the end-of-turn token ("\n"); generation stops there
-            answer = answer[:stops[0] + 1]
+            answer = answer[: stops[0] + 1]
         else:  # a template that writes no end-of-turn token: end the answer the way generation will stop
             answer = answer + [self.stop_ids[0]]
         return SFTExample(prompt + answer, [0] * len(prompt) + [1] * len(answer))

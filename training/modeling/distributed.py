@@ -98,8 +98,9 @@ def init(device: torch.device) -> torch.device:
     device = local_device(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda"
-                            else None)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None
+    )
     return device
 
 
@@ -211,16 +212,18 @@ def wrap(model: torch.nn.Module, cfg: ParallelConfig, device: torch.device) -> t
 
         # no buffer sync per forward: the models' buffers are constants (causal masks), and a broadcast per forward
         # would make every rank's forward count a collective.
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                       forward_sync_buffers=False)
+        return DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False
+        )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = None
     if cfg.sharding == "hybrid":
         group = cfg.shard_group_size or int(os.environ.get("LOCAL_WORLD_SIZE", world_size()))
-        mesh = init_device_mesh(device.type, hybrid_mesh_shape(world_size(), group),
-                                mesh_dim_names=("replicate", "shard"))
+        mesh = init_device_mesh(
+            device.type, hybrid_mesh_shape(world_size(), group), mesh_dim_names=("replicate", "shard")
+        )
     blocks = block_classes(model)
     for module in model.modules():
         if type(module).__name__ in blocks:
@@ -330,14 +333,25 @@ class MemoryEstimate:
         return self.weights + self.gradients + self.optimizer + self.reference + self.kv_cache
 
 
-def estimate_memory(n_params: int, n_trainable: int, param_bytes: int, world: int, strategy: str,
-                    reference_params: int = 0, kv_cache_bytes: float = 0.0) -> MemoryEstimate:
+def estimate_memory(
+    n_params: int,
+    n_trainable: int,
+    param_bytes: int,
+    world: int,
+    strategy: str,
+    reference_params: int = 0,
+    kv_cache_bytes: float = 0.0,
+) -> MemoryEstimate:
     """Per-rank bytes: weights in `param_bytes`, fp32 gradients and fp32 AdamW moments (2 per trainable weight)
     for the trainable ones; under FSDP all of it divided over `world` ranks (DDP keeps a full replica)."""
     shards = world if strategy == "fsdp" and world > 1 else 1
-    return MemoryEstimate(weights=n_params * param_bytes / shards, gradients=n_trainable * 4 / shards,
-                          optimizer=n_trainable * 8 / shards, reference=reference_params * param_bytes / shards,
-                          kv_cache=kv_cache_bytes)
+    return MemoryEstimate(
+        weights=n_params * param_bytes / shards,
+        gradients=n_trainable * 4 / shards,
+        optimizer=n_trainable * 8 / shards,
+        reference=reference_params * param_bytes / shards,
+        kv_cache=kv_cache_bytes,
+    )
 
 
 def kv_cache_bytes(config: Any, sequences: int, tokens: int, dtype_bytes: int) -> float:
@@ -371,7 +385,8 @@ def check_fits(estimate: MemoryEstimate, capacity: float, headroom: float, what:
             f"{estimate.optimizer / gib:.1f}, reference {estimate.reference / gib:.1f}, KV cache "
             f"{estimate.kv_cache / gib:.1f} GiB; activations not counted) exceeds {headroom:.0%} of the "
             f"{capacity / gib:.1f} GiB a rank has. Use parallel.strategy=fsdp, more ranks, LoRA, or smaller "
-            f"batches (parallel.memory_check=false skips this check).")
+            f"batches (parallel.memory_check=false skips this check)."
+        )
 
 
 def peak_memory_bytes(device: torch.device) -> float:

@@ -69,18 +69,19 @@ class _ReservedLayer:
         self._views()
 
     def _views(self) -> None:
-        self.keys = self._kbuf[..., :self._len, :]  # (B, H, T, d)
-        self.values = self._vbuf[..., :self._len, :]
+        self.keys = self._kbuf[..., : self._len, :]  # (B, H, T, d)
+        self.values = self._vbuf[..., : self._len, :]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n = key_states.shape[-2]
         if self._len + n > self._kbuf.shape[-2]:  # past the reservation: grow as DynamicLayer would
             self.__class__ = self.__class__.__bases__[0]  # the plain layer class, contiguous tensors
             self.keys, self.values = self.keys.contiguous(), self.values.contiguous()
             return self.update(key_states, value_states, *args, **kwargs)
-        self._kbuf[..., self._len:self._len + n, :] = key_states
-        self._vbuf[..., self._len:self._len + n, :] = value_states
+        self._kbuf[..., self._len : self._len + n, :] = key_states
+        self._vbuf[..., self._len : self._len + n, :] = value_states
         self._len += n
         self._views()
         return self.keys, self.values
@@ -98,9 +99,12 @@ def reserve_cache(cache: Any, extra: int) -> bool:
     """Give every layer of a transformers DynamicCache room for `extra` more tokens, in place (see
     _ReservedLayer). False (cache untouched) for a layout we do not know."""
     layers = getattr(cache, "layers", None)
-    if not layers or not all(type(layer).__name__ == "DynamicLayer" and isinstance(getattr(layer, "keys", None),
-                                                                                 torch.Tensor)
-                             and layer.keys.dim() == 4 for layer in layers):
+    if not layers or not all(
+        type(layer).__name__ == "DynamicLayer"
+        and isinstance(getattr(layer, "keys", None), torch.Tensor)
+        and layer.keys.dim() == 4
+        for layer in layers
+    ):
         return False
     for layer in layers:
         base = type(layer)

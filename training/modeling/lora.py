@@ -44,9 +44,17 @@ def apply_lora(model: Any, settings: LoraSettings) -> Any:
     from peft import LoraConfig, get_peft_model
 
     targets = settings.target_modules if isinstance(settings.target_modules, str) else list(settings.target_modules)
-    return get_peft_model(model, LoraConfig(
-        r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=targets,
-        task_type="CAUSAL_LM", fan_in_fan_out=getattr(model.config, "model_type", "") == "gpt2"))
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=settings.r,
+            lora_alpha=settings.alpha,
+            lora_dropout=settings.dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+            fan_in_fan_out=getattr(model.config, "model_type", "") == "gpt2",
+        ),
+    )
 
 
 @contextlib.contextmanager

@@ -56,16 +56,28 @@ def build_tiny_tokenizer(texts: Iterable[str], vocab_size: int = 512):
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, *TINY_ROLE_TOKENS],
-                                  show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, EOS, *TINY_ROLE_TOKENS],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(list(texts), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, bos_token=EOS,
-                                   unk_token=None, extra_special_tokens=list(TINY_ROLE_TOKENS))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=EOS,
+        bos_token=EOS,
+        unk_token=None,
+        extra_special_tokens=list(TINY_ROLE_TOKENS),
+    )
     fast.chat_template = TINY_CHAT_TEMPLATE
     fast.padding_side = "left"
     return fast
@@ -95,8 +107,9 @@ def _attach_chat_settings(tokenizer: Any, folder: Path) -> None:
     chat_file = folder / CHAT_FILE
     if chat_file.is_file():
         data = json.loads(chat_file.read_text())
-        tokenizer.chat_settings = ChatSettings(system_prompt=data.get("system_prompt", ""),
-                                               instructions=dict(data.get("instructions", {})))
+        tokenizer.chat_settings = ChatSettings(
+            system_prompt=data.get("system_prompt", ""), instructions=dict(data.get("instructions", {}))
+        )
 
 
 def build_tiny_model(config: TinyModelConfig, tokenizer) -> Any:
@@ -104,10 +117,16 @@ def build_tiny_model(config: TinyModelConfig, tokenizer) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(
-        vocab_size=len(tokenizer), n_positions=config.n_positions, n_embd=config.n_embd,
-        n_layer=config.n_layer, n_head=config.n_head, resid_pdrop=config.dropout,
-        embd_pdrop=config.dropout, attn_pdrop=config.dropout,
-        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        n_positions=config.n_positions,
+        n_embd=config.n_embd,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        resid_pdrop=config.dropout,
+        embd_pdrop=config.dropout,
+        attn_pdrop=config.dropout,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         # GPT-2's tanh-approximated GELU as one fused kernel; "gelu_new" computes the same with five
         # elementwise ops, ~7% of a tiny-model training step on CPU.
@@ -177,8 +196,9 @@ def save_pretrained(model: Any, tokenizer: Any, dest: str | Path) -> Path:
     return dest
 
 
-def save_checkpoint(model: Any, tokenizer: Any, target: storage.ManifestWriter | str | Path,
-                    rel: str = "model") -> None:
+def save_checkpoint(
+    model: Any, tokenizer: Any, target: storage.ManifestWriter | str | Path, rel: str = "model"
+) -> None:
     """Save to a local folder (`target` a path) or into a manifested folder under `rel` (`target` a writer)."""
     if isinstance(target, storage.ManifestWriter):
         with tempfile.TemporaryDirectory(prefix="posttrain-save-") as tmp:

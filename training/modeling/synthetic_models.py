@@ -31,29 +31,53 @@ def build_chatml_tokenizer(corpus: Iterable[str], vocab_size: int = 700):
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(list(corpus), trainer=trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(CHATML_SPECIALS), show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  extra_special_tokens=["<|im_start|>"])
+    bpe.train_from_iterator(
+        list(corpus),
+        trainer=trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(CHATML_SPECIALS),
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", extra_special_tokens=["<|im_start|>"]
+    )
     tok.chat_template = CHATML_TEMPLATE
     return tok
 
 
-def build_chatml_qwen2(folder: Path, corpus: Iterable[str], vocab_size: int = 700, hidden_size: int = 96,
-                       intermediate_size: int = 256, num_hidden_layers: int = 2, num_attention_heads: int = 4,
-                       num_key_value_heads: int = 2, max_position_embeddings: int = 512, seed: int = 0) -> Path:
+def build_chatml_qwen2(
+    folder: Path,
+    corpus: Iterable[str],
+    vocab_size: int = 700,
+    hidden_size: int = 96,
+    intermediate_size: int = 256,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+) -> Path:
     """Save a randomly initialised Qwen2ForCausalLM and its ChatML tokenizer to `folder` (a plain HF folder)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tok = build_chatml_tokenizer(corpus, vocab_size)
     im_end, endoftext = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size,
-                         num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
-                         num_key_value_heads=num_key_value_heads, max_position_embeddings=max_position_embeddings,
-                         tie_word_embeddings=True, pad_token_id=endoftext, eos_token_id=[im_end, endoftext],
-                         bos_token_id=None)
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=endoftext,
+        eos_token_id=[im_end, endoftext],
+        bos_token_id=None,
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = [im_end, endoftext]

@@ -40,9 +40,24 @@ from training.rewards.base import (
     task_columns,
 )
 
-__all__ = ["REWARDS", "VERIFIERS", "FunctionVerifier", "RewardFn", "Scores", "UnknownVerifier", "Verifier",
-           "get_reward", "get_verifier", "register_reward", "register_verifier", "reward_fn", "reward_weights",
-           "score_tasks", "task_columns", "verify_tasks"]
+__all__ = [
+    "REWARDS",
+    "VERIFIERS",
+    "FunctionVerifier",
+    "RewardFn",
+    "Scores",
+    "UnknownVerifier",
+    "Verifier",
+    "get_reward",
+    "get_verifier",
+    "register_reward",
+    "register_verifier",
+    "reward_fn",
+    "reward_weights",
+    "score_tasks",
+    "task_columns",
+    "verify_tasks",
+]
 
 
 class Scores(list):
@@ -108,8 +123,7 @@ def score_tasks(tasks: Sequence[Any], completions: Sequence[str], **options: Any
     return Scores(values, components, passed)
 
 
-def verify_tasks(tasks: Sequence[Any], completions: Sequence[str], strict: bool = False,
-                 **options: Any) -> list[bool]:
+def verify_tasks(tasks: Sequence[Any], completions: Sequence[str], strict: bool = False, **options: Any) -> list[bool]:
     """Did each completion pass its task's own verifier (lenient, or `strict`: in the required format)?"""
     if len(tasks) != len(completions):
         raise ValueError(f"verify_tasks: {len(tasks)} tasks but {len(completions)} completions")

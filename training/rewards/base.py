@@ -46,8 +46,10 @@ class Verifier:
 
     def strict(self, tasks: Sequence[Any], completions: Sequence[str], **options: Any) -> list[float | None]:
         """Default: the score where the completion also has the required format, else 0.0."""
-        return [s if s is None or self.format_ok(t, c) else 0.0
-                for t, c, s in zip(tasks, completions, self.score(tasks, completions, **options))]
+        return [
+            s if s is None or self.format_ok(t, c) else 0.0
+            for t, c, s in zip(tasks, completions, self.score(tasks, completions, **options))
+        ]
 
     def format_ok(self, task: Any, completion: str) -> bool:
         return bool(completion.strip())
@@ -57,9 +59,10 @@ class Verifier:
 
     def explain(self, tasks: Sequence[Any], completions: Sequence[str], **options: Any) -> list[str]:
         scores = self.score(tasks, completions, **options)
-        return ["" if s is not None and self.passes(s) else
-                ("wrong format" if not self.format_ok(t, c) else "wrong answer")
-                for t, c, s in zip(tasks, completions, scores)]
+        return [
+            "" if s is not None and self.passes(s) else ("wrong format" if not self.format_ok(t, c) else "wrong answer")
+            for t, c, s in zip(tasks, completions, scores)
+        ]
 
     def passes(self, value: float | None) -> bool:
         return value is not None and value >= self.pass_threshold - 1e-9
@@ -101,8 +104,10 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     def deco(fn: RewardFn) -> RewardFn:
         old = REWARDS.get(name)
         if old is not None and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"reward {name!r} is already registered to {old.__module__}.{old.__qualname__}; "
-                             f"refusing to replace it with {fn.__module__}.{fn.__qualname__}")
+            raise ValueError(
+                f"reward {name!r} is already registered to {old.__module__}.{old.__qualname__}; "
+                f"refusing to replace it with {fn.__module__}.{fn.__qualname__}"
+            )
         REWARDS[name] = fn
         if not isinstance(VERIFIERS.get(name), Verifier) or isinstance(VERIFIERS[name], FunctionVerifier):
             VERIFIERS[name] = FunctionVerifier(name, fn)
@@ -146,9 +151,13 @@ def reward_fn(verifier: Verifier) -> RewardFn:
             return list(value) if value is not None else [None] * n
 
         names = col("verifier")
-        rows = [_Row(prompt=p, **{k: col(k)[i] for k in ("id", "verifier", "answer", "tests", "metadata",
-                                                          "reference", "domain")})
-                for i, p in enumerate(prompts)]
+        rows = [
+            _Row(
+                prompt=p,
+                **{k: col(k)[i] for k in ("id", "verifier", "answer", "tests", "metadata", "reference", "domain")},
+            )
+            for i, p in enumerate(prompts)
+        ]
         mine = [i for i in range(n) if verifier.any_task or names[i] in (None, name)]
         options = {k: v for k, v in columns.items() if k not in _Row.__slots__}
         out: list[float | None] = [None] * n

@@ -74,14 +74,14 @@ def run_jobs(jobs: list[Any], concurrency: int | None = None) -> list[Any]:
             unique.append(job)
         slot.append(first[key])
     verdicts = _run_unique(unique, concurrency) if unique else []
-    return [verdicts[k] if unique[k] is job else dataclasses.replace(verdicts[k], id=job.id)
-            for job, k in zip(jobs, slot)]
+    return [
+        verdicts[k] if unique[k] is job else dataclasses.replace(verdicts[k], id=job.id) for job, k in zip(jobs, slot)
+    ]
 
 
 def _run_unique(jobs: list[Any], concurrency: int | None) -> list[Any]:
     url = sandbox_url()
     if url:
-
         return RemoteSandbox(url, os.environ.get(SANDBOX_TOKEN_ENV, "").strip() or None).run_batch(jobs)
 
     # looked up on the package when called, so a test can spy on the pool's batches
@@ -157,7 +157,7 @@ def tests_problem(tests: Any) -> str | None:
             return f"test program: {exc}"
         return None
     if not tests:
-        return "a code task needs at least one test ({\"call\": ..., \"expected\": ...}) or a test program"
+        return 'a code task needs at least one test ({"call": ..., "expected": ...}) or a test program'
     if not isinstance(tests, list):
         return f"expected a list of {{call, expected}} objects or a {{program, ...}} object, got {_type_name(tests)}"
     for i, t in enumerate(tests):
@@ -209,15 +209,17 @@ def code_job(completion: str, tests: Any, metadata: Any, job_id: str, limits: An
     return Job(assemble_program(completion, meta), cases, limits, id=job_id) if cases else None
 
 
-def _verdicts(tasks: Sequence[Any], completions: Sequence[str], concurrency: int | None = None,
-              limits: Any = None) -> list[Any]:
+def _verdicts(
+    tasks: Sequence[Any], completions: Sequence[str], concurrency: int | None = None, limits: Any = None
+) -> list[Any]:
     """The sandbox verdict of every completion (None where nothing ran: empty, unusable tests, no parse). All
     runnable rows go to one batch (`run_jobs`: the local pool or the remote service)."""
     out: list[Any] = [None] * len(completions)
     jobs, rows = [], []
     for i, (task, completion) in enumerate(zip(tasks, completions)):
-        job = code_job(completion, task.tests, task.metadata, f"{task.id if task.id is not None else 'row'}#{i}",
-                       limits)
+        job = code_job(
+            completion, task.tests, task.metadata, f"{task.id if task.id is not None else 'row'}#{i}", limits
+        )
         if job is not None and parses(job.program):
             jobs.append(job)
             rows.append(i)
@@ -233,11 +235,20 @@ class CodeVerifier(Verifier):
     name = "code"
     repairable = True
 
-    def score(self, tasks: Sequence[Any], completions: Sequence[str], *, concurrency: int | None = None,
-              limits: Any = None, **_: Any) -> list[float | None]:
+    def score(
+        self,
+        tasks: Sequence[Any],
+        completions: Sequence[str],
+        *,
+        concurrency: int | None = None,
+        limits: Any = None,
+        **_: Any,
+    ) -> list[float | None]:
 
-        return [1.0 if v is not None and v.status == Status.PASSED else 0.0
-                for v in _verdicts(tasks, completions, concurrency, limits)]
+        return [
+            1.0 if v is not None and v.status == Status.PASSED else 0.0
+            for v in _verdicts(tasks, completions, concurrency, limits)
+        ]
 
     def format_ok(self, task: Any, completion: str) -> bool:
         return bool(completion.strip()) and parses(assemble_program(completion, _as_obj(task.metadata, {})))
@@ -251,15 +262,26 @@ class CodeVerifier(Verifier):
                 return ([("tests", problem)] if problem else []) + [("metadata", f"visible_tests: {shown}")]
         return [("tests", problem)] if problem else []
 
-    def explain(self, tasks: Sequence[Any], completions: Sequence[str], *, concurrency: int | None = None,
-                limits: Any = None, **_: Any) -> list[str]:
+    def explain(
+        self,
+        tasks: Sequence[Any],
+        completions: Sequence[str],
+        *,
+        concurrency: int | None = None,
+        limits: Any = None,
+        **_: Any,
+    ) -> list[str]:
 
         out = []
         for task, completion, v in zip(tasks, completions, _verdicts(tasks, completions, concurrency, limits)):
             if v is None:
-                out.append("no code to run" if not completion.strip() else
-                           "the program is not valid Python" if not self.format_ok(task, completion) else
-                           "no usable tests")
+                out.append(
+                    "no code to run"
+                    if not completion.strip()
+                    else "the program is not valid Python"
+                    if not self.format_ok(task, completion)
+                    else "no usable tests"
+                )
             else:
                 out.append("" if v.status == Status.PASSED else v.detail or v.stderr or v.status.value)
         return out

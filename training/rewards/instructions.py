@@ -125,8 +125,9 @@ class InstructionVerifier(Verifier):
         for task, completion in zip(tasks, completions):
             constraints = _constraints(task)
             # a task without constraints has nothing to verify: no reward (as json_rules does)
-            out.append(1.0 if constraints and completion.strip() and all(constraint_results(constraints, completion))
-                       else 0.0)
+            out.append(
+                1.0 if constraints and completion.strip() and all(constraint_results(constraints, completion)) else 0.0
+            )
         return out
 
     def format_ok(self, task: Any, completion: str) -> bool:
@@ -138,19 +139,25 @@ class InstructionVerifier(Verifier):
     def row_problems(self, answer: Any, tests: Any, metadata: dict[str, Any]) -> list[tuple[str, str]]:
         constraints = metadata.get("constraints")
         if not isinstance(constraints, list) or not constraints:
-            return [("metadata", "an ifeval task needs metadata.constraints: a non-empty list of {\"id\": ...}")]
+            return [("metadata", 'an ifeval task needs metadata.constraints: a non-empty list of {"id": ...}')]
         known = set(known_ids())
         unknown = [c.get("id") for c in constraints if not isinstance(c, dict) or c.get("id") not in known]
         if unknown:
-            return [("metadata", f"metadata.constraints: unknown constraint id(s) {unknown}; known: IFEval's ids, "
-                                 f"e.g. {', '.join(known_ids()[:6])}, ...")]
+            return [
+                (
+                    "metadata",
+                    f"metadata.constraints: unknown constraint id(s) {unknown}; known: IFEval's ids, "
+                    f"e.g. {', '.join(known_ids()[:6])}, ...",
+                )
+            ]
         for c in constraints:
             if c["id"] in OWN_CHECKS:
                 continue
             missing = [k for k in _ifeval_kwargs(c["id"]) if k not in c]
             if missing:
-                return [("metadata", f"metadata.constraints: {c['id']} needs {missing} (IFEval would draw them "
-                                     f"at random)")]
+                return [
+                    ("metadata", f"metadata.constraints: {c['id']} needs {missing} (IFEval would draw them at random)")
+                ]
         return []
 
     def explain(self, tasks: Sequence[Any], completions: Sequence[str], **options: Any) -> list[str]:
@@ -158,8 +165,9 @@ class InstructionVerifier(Verifier):
         for task, completion in zip(tasks, completions):
             constraints = _constraints(task)
             failed = [c["id"] for c, ok in zip(constraints, constraint_results(constraints, completion)) if not ok]
-            out.append("empty response" if not completion.strip() else
-                       ("not followed: " + ", ".join(failed)) if failed else "")
+            out.append(
+                "empty response" if not completion.strip() else ("not followed: " + ", ".join(failed)) if failed else ""
+            )
         return out
 
 

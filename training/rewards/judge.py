@@ -85,8 +85,13 @@ class JudgeConfig:
         env = dict(os.environ if env is None else env)
         url, model = env.get("POSTTRAIN_JUDGE_URL", ""), env.get("POSTTRAIN_JUDGE_MODEL", "")
         backend = env.get("POSTTRAIN_JUDGE_BACKEND") or ("openai" if url or not model else "local")
-        return cls(backend=backend, url=url, model=model, api_key=env.get("POSTTRAIN_JUDGE_API_KEY", ""),
-                   timeout_s=float(env.get("POSTTRAIN_JUDGE_TIMEOUT_S", "30")))
+        return cls(
+            backend=backend,
+            url=url,
+            model=model,
+            api_key=env.get("POSTTRAIN_JUDGE_API_KEY", ""),
+            timeout_s=float(env.get("POSTTRAIN_JUDGE_TIMEOUT_S", "30")),
+        )
 
     @classmethod
     def resolve(cls, value: Any) -> JudgeConfig:
@@ -121,22 +126,34 @@ def parse_score(reply: str, max_score: float) -> float | None:
 
 
 def render(rubric: str, task: Any, completion: str) -> str:
-    values = {"prompt": task.prompt, "completion": completion, "reference": getattr(task, "reference", "") or "",
-              "answer": task.answer or ""}
+    values = {
+        "prompt": task.prompt,
+        "completion": completion,
+        "reference": getattr(task, "reference", "") or "",
+        "answer": task.answer or "",
+    }
     return rubric.format(**values)
 
 
 class _OpenAIClient:
     def __init__(self, cfg: JudgeConfig) -> None:
         if not cfg.url:
-            raise JudgeUnavailable("no judge endpoint: set POSTTRAIN_JUDGE_URL (an OpenAI-compatible base URL, "
-                                   "e.g. http://127.0.0.1:8000/v1) or pass judge={'url': ...}")
+            raise JudgeUnavailable(
+                "no judge endpoint: set POSTTRAIN_JUDGE_URL (an OpenAI-compatible base URL, "
+                "e.g. http://127.0.0.1:8000/v1) or pass judge={'url': ...}"
+            )
         self.cfg = cfg
         self.endpoint = cfg.url.rstrip("/") + "/chat/completions"
 
     def _one(self, prompt: str) -> str:
-        body = json.dumps({"model": self.cfg.model or "judge", "temperature": 0, "max_tokens": self.cfg.max_tokens,
-                           "messages": [{"role": "user", "content": prompt}]}).encode()
+        body = json.dumps(
+            {
+                "model": self.cfg.model or "judge",
+                "temperature": 0,
+                "max_tokens": self.cfg.max_tokens,
+                "messages": [{"role": "user", "content": prompt}],
+            }
+        ).encode()
         headers = {"Content-Type": "application/json"}
         if self.cfg.api_key:
             headers["Authorization"] = f"Bearer {self.cfg.api_key}"
@@ -149,17 +166,21 @@ class _OpenAIClient:
                 return str(data["choices"][0]["message"]["content"] or "")
             except urllib.error.HTTPError as exc:
                 if exc.code < 500:
-                    raise JudgeUnavailable(f"judge at {self.endpoint} refused the request: HTTP {exc.code} "
-                                           f"{exc.read()[:200]!r}") from None
+                    raise JudgeUnavailable(
+                        f"judge at {self.endpoint} refused the request: HTTP {exc.code} {exc.read()[:200]!r}"
+                    ) from None
                 last = exc
             except (urllib.error.URLError, TimeoutError, OSError) as exc:
                 last = exc
             except (ValueError, KeyError, IndexError, TypeError) as exc:
-                raise JudgeUnavailable(f"judge at {self.endpoint} did not answer in the chat-completions format: "
-                                       f"{exc}") from None
+                raise JudgeUnavailable(
+                    f"judge at {self.endpoint} did not answer in the chat-completions format: {exc}"
+                ) from None
         reason = getattr(last, "reason", last)
-        raise JudgeUnavailable(f"judge at {self.endpoint} is unreachable after {self.cfg.retries + 1} attempt(s) "
-                               f"(timeout {self.cfg.timeout_s:g}s): {reason}")
+        raise JudgeUnavailable(
+            f"judge at {self.endpoint} is unreachable after {self.cfg.retries + 1} attempt(s) "
+            f"(timeout {self.cfg.timeout_s:g}s): {reason}"
+        )
 
     def complete(self, prompts: Sequence[str]) -> list[str]:
         with ThreadPoolExecutor(max_workers=min(self.cfg.concurrency, max(1, len(prompts)))) as pool:
@@ -188,15 +209,25 @@ class _LocalClient:
         out: list[str] = []
         size = max(1, self.cfg.concurrency)
         for start in range(0, len(prompts), size):
-            chunk = list(prompts[start:start + size])
+            chunk = list(prompts[start : start + size])
             if getattr(self.tokenizer, "chat_template", None):
-                chunk = [str(self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                                add_generation_prompt=True)) for p in chunk]
+                chunk = [
+                    str(
+                        self.tokenizer.apply_chat_template(
+                            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                        )
+                    )
+                    for p in chunk
+                ]
             batch = self.tokenizer(chunk, return_tensors="pt", padding=True)
             with torch.no_grad():
-                ids = self.model.generate(**batch, max_new_tokens=self.cfg.max_tokens, do_sample=False,
-                                          pad_token_id=self.tokenizer.pad_token_id)
-            out += self.tokenizer.batch_decode(ids[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+                ids = self.model.generate(
+                    **batch,
+                    max_new_tokens=self.cfg.max_tokens,
+                    do_sample=False,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                )
+            out += self.tokenizer.batch_decode(ids[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
         return out
 
 
@@ -218,8 +249,9 @@ class JudgeVerifier(Verifier):
                 self.clients[cfg] = _OpenAIClient(cfg) if cfg.backend == "openai" else _LocalClient(cfg)
             return self.clients[cfg]
 
-    def score(self, tasks: Sequence[Any], completions: Sequence[str], *, judge: Any = None,
-              **_: Any) -> list[float | None]:
+    def score(
+        self, tasks: Sequence[Any], completions: Sequence[str], *, judge: Any = None, **_: Any
+    ) -> list[float | None]:
         cfg = JudgeConfig.resolve(judge)
         rendered: list[tuple[str, float]] = []
         for task, completion in zip(tasks, completions):

@@ -67,7 +67,7 @@ def _boxed(text: str) -> str | None:
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1:j].strip()
+                return text[i + 1 : j].strip()
     return None
 
 
@@ -94,10 +94,10 @@ def extract_answer(text: str) -> str | None:
         return boxed
     marks = list(_HASHES_RE.finditer(text))
     if marks:
-        return _first_answer_after(text[marks[-1].end():]) or None
+        return _first_answer_after(text[marks[-1].end() :]) or None
     marks = list(_ANSWER_IS_RE.finditer(text))
     if marks:
-        found = _first_answer_after(text[marks[-1].end():])
+        found = _first_answer_after(text[marks[-1].end() :])
         if found:
             return found
     numbers = NUMBER_RE.findall(_FRAC_RE.sub(r"\1/\2", text))
@@ -197,7 +197,7 @@ def extract_strict(text: str, fmt: str) -> str | None:
         return _boxed(text) or None
     if fmt == "gsm8k":
         marks = list(_HASHES_RE.finditer(text))
-        return (_first_answer_after(text[marks[-1].end():]) or None) if marks else None
+        return (_first_answer_after(text[marks[-1].end() :]) or None) if marks else None
     return extract_answer(text)
 
 
@@ -215,8 +215,13 @@ def _exact(predicted: str | None, reference: str) -> bool | None:
     return None
 
 
-def verify_many(completions: Sequence[str], answers: Sequence[str], strict: bool = False,
-                formats: Sequence[str] | None = None, checker: Any = None) -> list[bool]:
+def verify_many(
+    completions: Sequence[str],
+    answers: Sequence[str],
+    strict: bool = False,
+    formats: Sequence[str] | None = None,
+    checker: Any = None,
+) -> list[bool]:
     """Batch form of `verify` / `verify_strict`: the exact path for every row, then one pass of the
     symbolic checker over the rows it could not decide."""
     formats = formats or ["final"] * len(completions)
@@ -226,12 +231,15 @@ def verify_many(completions: Sequence[str], answers: Sequence[str], strict: bool
         predicted = extract_strict(completion, formats[i]) if strict else extract_answer(completion)
         decided = _exact(predicted, answer)
         out.append(bool(decided))
-        if decided is None and predicted is not None and 0 < len(predicted.strip()) <= MAX_SYMBOLIC_CHARS \
-                and str(answer).strip():
+        if (
+            decided is None
+            and predicted is not None
+            and 0 < len(predicted.strip()) <= MAX_SYMBOLIC_CHARS
+            and str(answer).strip()
+        ):
             pending.append((i, str(answer), predicted))
     if pending:
         if checker is None:
-
             checker = default_checker()
         for (i, _, _), ok in zip(pending, checker.equal_many([(gold, pred) for _, gold, pred in pending])):
             out[i] = ok
@@ -254,12 +262,21 @@ def format_ok(completion: str, fmt: str) -> bool:
     return found is not None and bool(found.strip())
 
 
-def math_scores(completions: Sequence[str], answers: Sequence[Any], metadata: Sequence[Any] | None = None,
-                references: Sequence[Any] | None = None, strict: bool = False) -> list[float | None]:
+def math_scores(
+    completions: Sequence[str],
+    answers: Sequence[Any],
+    metadata: Sequence[Any] | None = None,
+    references: Sequence[Any] | None = None,
+    strict: bool = False,
+) -> list[float | None]:
     """1.0/0.0 per row (None where there is no reference answer)."""
     rows = [i for i, a in enumerate(answers) if a is not None]
-    formats = [answer_format(_as_dict(metadata[i]) if metadata is not None else None,
-                             references[i] if references is not None else None) for i in rows]
+    formats = [
+        answer_format(
+            _as_dict(metadata[i]) if metadata is not None else None, references[i] if references is not None else None
+        )
+        for i in rows
+    ]
     verdicts = verify_many([completions[i] for i in rows], [str(answers[i]) for i in rows], strict, formats)
     out: list[float | None] = [None] * len(completions)
     for i, ok in zip(rows, verdicts):
@@ -282,8 +299,7 @@ class MathVerifier(Verifier):
 
     @staticmethod
     def _columns(tasks: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any]]:
-        return ([t.answer for t in tasks], [t.metadata for t in tasks],
-                [getattr(t, "reference", None) for t in tasks])
+        return ([t.answer for t in tasks], [t.metadata for t in tasks], [getattr(t, "reference", None) for t in tasks])
 
     def score(self, tasks: Sequence[Any], completions: Sequence[str], **_: Any) -> list[float | None]:
         answers, meta, refs = self._columns(tasks)
@@ -302,16 +318,22 @@ class MathVerifier(Verifier):
             problems.append(("answer", "a math task needs a non-empty answer"))
         fmt = metadata.get("answer_format")
         if fmt is not None and fmt not in ANSWER_FORMATS:
-            problems.append(("metadata", f"metadata.answer_format must be one of {', '.join(ANSWER_FORMATS)}, "
-                                         f"got {fmt!r}"))
+            problems.append(
+                ("metadata", f"metadata.answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {fmt!r}")
+            )
         return problems
 
     def explain(self, tasks: Sequence[Any], completions: Sequence[str], **options: Any) -> list[str]:
         out = []
         for completion, score in zip(completions, self.score(tasks, completions)):
             found = extract_answer(completion)
-            out.append("" if score == 1.0 else "no final answer found" if found is None
-                       else f"the final answer {found[:80]!r} is wrong")
+            out.append(
+                ""
+                if score == 1.0
+                else "no final answer found"
+                if found is None
+                else f"the final answer {found[:80]!r} is wrong"
+            )
         return out
 
 

@@ -36,7 +36,7 @@ def extract_json(text: str) -> Any:
     for open_, close in (("{", "}"), ("[", "]")):
         i, j = text.find(open_), text.rfind(close)
         if 0 <= i < j:
-            candidates.append(text[i:j + 1])
+            candidates.append(text[i : j + 1])
     for cand in candidates:
         try:
             return json.loads(cand)
@@ -100,15 +100,19 @@ def rule_problems(obj: Any, rules: Sequence[dict[str, Any]]) -> list[str]:
             problems.append(f"{path}: {value!r} != {rule['equals']!r}")
         if "regex" in rule:
             try:
-                ok = isinstance(value, (str, int, float)) and not isinstance(value, bool) and \
-                    re.fullmatch(rule["regex"], str(value)) is not None
+                ok = (
+                    isinstance(value, (str, int, float))
+                    and not isinstance(value, bool)
+                    and re.fullmatch(rule["regex"], str(value)) is not None
+                )
             except (re.error, TypeError):
                 ok = False
             if not ok:
                 problems.append(f"{path}: {value!r} does not match {rule['regex']!r}")
         for bound, within in (("min", lambda v, b: v >= b), ("max", lambda v, b: v <= b)):
-            if bound in rule and not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                      and within(value, rule[bound])):
+            if bound in rule and not (
+                isinstance(value, (int, float)) and not isinstance(value, bool) and within(value, rule[bound])
+            ):
                 problems.append(f"{path}: {value!r} violates {bound} {rule[bound]!r}")
     return problems
 
@@ -198,10 +202,15 @@ class JsonRulesVerifier(Verifier):
                 problems.append(("metadata", f"metadata.schema: expected an object, got {kind}"))
             elif "schema" in metadata and (problem := schema_problem(metadata["schema"])) is not None:
                 problems.append(("metadata", problem))
-            elif not isinstance(rules, list) or not all(isinstance(r, dict) and isinstance(r.get("path"), str)
-                                                        for r in rules):
-                problems.append(("metadata", "metadata.rules: expected a list of {\"path\": ..., \"regex\"|"
-                                             "\"equals\"|\"min\"|\"max\": ...} objects"))
+            elif not isinstance(rules, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("path"), str) for r in rules
+            ):
+                problems.append(
+                    (
+                        "metadata",
+                        'metadata.rules: expected a list of {"path": ..., "regex"|"equals"|"min"|"max": ...} objects',
+                    )
+                )
         return problems
 
     def explain(self, tasks: Sequence[Any], completions: Sequence[str], **options: Any) -> list[str]:
@@ -209,8 +218,13 @@ class JsonRulesVerifier(Verifier):
         for task, completion, score in zip(tasks, completions, self.score(tasks, completions)):
             obj = extract_json(completion)
             problems = rule_problems(obj, _as_dict(task.metadata).get("rules") or []) if obj is not _MISSING else []
-            out.append("" if score == 1.0 else "no JSON value found" if obj is _MISSING
-                       else "; ".join(problems[:3]) or "the JSON value is wrong")
+            out.append(
+                ""
+                if score == 1.0
+                else "no JSON value found"
+                if obj is _MISSING
+                else "; ".join(problems[:3]) or "the JSON value is wrong"
+            )
         return out
 
 

@@ -37,10 +37,12 @@ KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
 def _register(table: dict[str, Callable], kind: str, name: str) -> Callable[[Callable], Callable]:
     def deco(fn: Callable) -> Callable:
         existing = table.get(name)
-        if existing is not None and existing is not fn and (
-                existing.__module__, existing.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"{kind} {name!r} is already registered to "
-                             f"{existing.__module__}.{existing.__qualname__}")
+        if (
+            existing is not None
+            and existing is not fn
+            and (existing.__module__, existing.__qualname__) != (fn.__module__, fn.__qualname__)
+        ):
+            raise ValueError(f"{kind} {name!r} is already registered to {existing.__module__}.{existing.__qualname__}")
         table[name] = fn
         return fn
 
@@ -222,8 +224,9 @@ def grpo_loss(
     logp, old_logp, ref_logp, mask: (N, T); advantages: (N,). ref_logp may be None when beta == 0.
     is_weights (N, T): per-token importance weights on the policy-gradient term (see `truncated_is_weights`).
     """
-    pg, stats = get_policy_loss(policy_loss)(logp, old_logp, advantages, mask, clip_low=clip_low,
-                                             clip_high=clip_high, agg=agg, is_weights=is_weights)
+    pg, stats = get_policy_loss(policy_loss)(
+        logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high, agg=agg, is_weights=is_weights
+    )
     loss = pg
     if beta and ref_logp is not None:
         kl = get_kl(kl_estimator)(logp, ref_logp)  # (N, T)

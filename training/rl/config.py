@@ -209,8 +209,10 @@ class GRPOConfig(ConfigBase):
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if not 0.0 <= self.planted_share <= 1.0 or (self.planted_share > 0 and self.max_turns < 2):
-            raise ValueError(f"planted_share must be in [0, 1] and needs max_turns >= 2, got "
-                             f"{self.planted_share} with max_turns {self.max_turns}")
+            raise ValueError(
+                f"planted_share must be in [0, 1] and needs max_turns >= 2, got "
+                f"{self.planted_share} with max_turns {self.max_turns}"
+            )
         if self.answer_credit not in ANSWER_CREDITS:
             raise ValueError(f"answer_credit {self.answer_credit!r}: use one of {', '.join(ANSWER_CREDITS)}")
         if self.planted_mirrors and self.planted_share <= 0:

@@ -28,54 +28,71 @@ Group = tuple[Task, list[Completion], list[float]]
 FirstSplit = tuple[list[tuple[Completion, Completion]], list[float]]
 
 
-def informative_groups(rewards: torch.Tensor, groups: list[list[Completion]], splits: Sequence[FirstSplit | None],
-                       dynamic_sampling: bool) -> list[int]:
+def informative_groups(
+    rewards: torch.Tensor, groups: list[list[Completion]], splits: Sequence[FirstSplit | None], dynamic_sampling: bool
+) -> list[int]:
     """The indices of the groups to train on. rewards: (B, G). With dynamic sampling (DAPO) a group whose rewards
     are all equal carries no signal and is dropped, unless it is split for turn credit and its first answers'
     rewards differ. A group the model wrote nothing in (a planted answer whose reply left no room) is dropped
     either way: it has nothing to train."""
     keep = algorithms.drop_zero_variance_groups(rewards) if dynamic_sampling else torch.arange(len(groups))  # (K,)
     if dynamic_sampling and any(sp is not None for sp in splits):
-        keep = torch.tensor(sorted(set(keep.tolist()) | {i for i, sp in enumerate(splits)
-                                                         if sp is not None and max(sp[1]) > min(sp[1])}),
-                            dtype=torch.long)
+        keep = torch.tensor(
+            sorted(
+                set(keep.tolist()) | {i for i, sp in enumerate(splits) if sp is not None and max(sp[1]) > min(sp[1])}
+            ),
+            dtype=torch.long,
+        )
     return [i for i in keep.tolist() if any(model_wrote(c) for c in groups[i])]
 
 
-def assign_credit(kept: list[Group], splits: list[FirstSplit | None],
-                  cfg: GRPOConfig) -> tuple[list[Group], torch.Tensor]:
+def assign_credit(
+    kept: list[Group], splits: list[FirstSplit | None], cfg: GRPOConfig
+) -> tuple[list[Group], torch.Tensor]:
     """Group-relative advantages of the kept groups, shared among an episode's answers as `cfg.answer_credit`
     says. Returns the groups to update on (turn credit splits some in two) and their advantages (K', G)."""
     advantage = algorithms.get_advantage(cfg.advantage)
     adv = advantage(torch.tensor([r for _, _, r in kept]))  # (K, G)
     if cfg.answer_credit == "final":
-        kept = [(t, [final_answer_credit(c, a) for c, a in zip(g, row)], r)
-                for (t, g, r), row in zip(kept, adv.tolist())]
+        kept = [
+            (t, [final_answer_credit(c, a) for c, a in zip(g, row)], r) for (t, g, r), row in zip(kept, adv.tolist())
+        ]
     elif cfg.answer_credit == "turn":
         kept, adv = turn_credit_rows(kept, splits, adv, advantage, cfg.dynamic_sampling)
     return kept, adv
 
 
-def first_answer_rewards(groups: list[list[Any]], scores: list[float],
-                         score: Callable[[list[Task], list[str]], Sequence[float]]) -> list[list[float] | None]:
+def first_answer_rewards(
+    groups: list[list[Any]], scores: list[float], score: Callable[[list[Task], list[str]], Sequence[float]]
+) -> list[list[float] | None]:
     """answer_credit "turn": per group of episodes, the verifier's score of each episode's first answer alone
     (`scores`: each episode's final answer's, flat; `score(tasks, answers)`, the verifier, for first answers that
     a later turn replaced), or None where the group is not split: planted (its first answer is not the model's)
     or every episode ended at its first answer (the episode's reward is then the first answer's)."""
     G = len(groups[0]) if groups else 0
-    rows = [(g, j) for g, group in enumerate(groups) for j, ep in enumerate(group)
-            if ep.turns > 1 and not group[0].planted]
-    again = dict(zip(rows, score([groups[g][j].task for g, j in rows],
-                                 [groups[g][j].answers[0] for g, j in rows]))) if rows else {}
-    return [None if group[0].planted or all(ep.turns == 1 for ep in group)
-            else [float(again.get((g, j), scores[g * G + j])) for j in range(len(group))]
-            for g, group in enumerate(groups)]
+    rows = [
+        (g, j) for g, group in enumerate(groups) for j, ep in enumerate(group) if ep.turns > 1 and not group[0].planted
+    ]
+    again = (
+        dict(zip(rows, score([groups[g][j].task for g, j in rows], [groups[g][j].answers[0] for g, j in rows])))
+        if rows
+        else {}
+    )
+    return [
+        None
+        if group[0].planted or all(ep.turns == 1 for ep in group)
+        else [float(again.get((g, j), scores[g * G + j])) for j in range(len(group))]
+        for g, group in enumerate(groups)
+    ]
 
 
-def turn_credit_rows(kept: list[Group], splits: list[FirstSplit | None],
-                     adv: torch.Tensor, advantage: Callable[[torch.Tensor], torch.Tensor],
-                     informative_only: bool) -> tuple[list[Group],
-                                                      torch.Tensor]:
+def turn_credit_rows(
+    kept: list[Group],
+    splits: list[FirstSplit | None],
+    adv: torch.Tensor,
+    advantage: Callable[[torch.Tensor], torch.Tensor],
+    informative_only: bool,
+) -> tuple[list[Group], torch.Tensor]:
     """answer_credit "turn": each kept group with a split (`splits[k]`: each episode as its first answer and the
     rest, training.environments.episodes.split_first_answer, and the first answers' rewards) becomes two groups
     of rows: its first answers, with advantages from their own rewards, and its episodes with the first answers

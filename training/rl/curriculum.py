@@ -43,13 +43,14 @@ def domain_counts(weights: dict[str, float], domains: list[str], n: int) -> dict
         raise ValueError(f"domain_weights {weights} give no weight to any train domain {domains}")
     exact = {d: n * v / total for d, v in w.items()}
     counts = {d: int(math.floor(x)) for d, x in exact.items()}
-    for d in sorted(domains, key=lambda d: (-(exact[d] - counts[d]), d))[:n - sum(counts.values())]:
+    for d in sorted(domains, key=lambda d: (-(exact[d] - counts[d]), d))[: n - sum(counts.values())]:
         counts[d] += 1
     return counts
 
 
-def pick_prompts(pool: dict[str, dict[int, list[Task]]], counts: dict[str, int], curriculum: Curriculum | None,
-                 rng: random.Random) -> list[Task]:
+def pick_prompts(
+    pool: dict[str, dict[int, list[Task]]], counts: dict[str, int], curriculum: Curriculum | None, rng: random.Random
+) -> list[Task]:
     """counts[d] tasks from domain d; the difficulty of each drawn with curriculum weights, the task uniformly."""
     chosen = []
     for domain in sorted(counts):

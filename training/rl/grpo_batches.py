@@ -68,8 +68,14 @@ class PackedGroups:
     engine_logprobs: torch.Tensor | None = None  # (N, L) the rollout engine's log-probs of each token
 
 
-def build_batch(tokenizer: Any, prompts: Sequence[Prompt], completions: list[Completion], advantages: torch.Tensor,
-                device: torch.device, group_size: int = 1) -> RolloutBatch:
+def build_batch(
+    tokenizer: Any,
+    prompts: Sequence[Prompt],
+    completions: list[Completion],
+    advantages: torch.Tensor,
+    device: torch.device,
+    group_size: int = 1,
+) -> RolloutBatch:
     """Padded layout. prompts[i] (token ids, or text) is the prompt of completions[i]; with group_size G, rows
     i*G..i*G+G-1 share one prompt."""
     pad = tokenizer.pad_token_id
@@ -92,7 +98,7 @@ def model_masks(completions: Sequence[Completion], length: int) -> torch.Tensor:
     out = torch.ones((len(completions), length), dtype=torch.long)  # (N, L)
     for i, c in enumerate(completions):
         if c.model_mask:
-            out[i, :len(c.model_mask)] = torch.tensor(c.model_mask[:length], dtype=torch.long)
+            out[i, : len(c.model_mask)] = torch.tensor(c.model_mask[:length], dtype=torch.long)
     return out
 
 
@@ -101,13 +107,19 @@ def engine_logprobs(completions: Sequence[Completion], length: int) -> torch.Ten
     out = torch.zeros((len(completions), length), dtype=torch.float32)  # (N, L)
     for i, c in enumerate(completions):
         if c.logprobs:
-            out[i, :len(c.logprobs)] = torch.tensor(c.logprobs[:length], dtype=torch.float32)
+            out[i, : len(c.logprobs)] = torch.tensor(c.logprobs[:length], dtype=torch.float32)
     return out
 
 
-def pack_groups(prompt_ids: list[list[int]], groups: list[list[list[int]]], advantages: torch.Tensor, pad: int,
-                device: torch.device, dtype: torch.dtype = torch.float32,
-                loss_masks: torch.Tensor | None = None) -> PackedGroups:
+def pack_groups(
+    prompt_ids: list[list[int]],
+    groups: list[list[list[int]]],
+    advantages: torch.Tensor,
+    pad: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    loss_masks: torch.Tensor | None = None,
+) -> PackedGroups:
     """Packed layout. prompt_ids[r]: token ids of group r's prompt; groups[r]: its completions' token ids;
     advantages: (N,) in the same (group-major) order as the completions. A multi-turn episode is one
     completion (its turns and the environment's replies back to back, attending causally to all of them);
@@ -144,10 +156,17 @@ def pack_groups(prompt_ids: list[list[int]], groups: list[list[list[int]]], adva
         allowed[r, idle, idle] = True  # padding attends to itself: no all-masked rows (NaN in softmax)
     mask = torch.zeros((R, 1, T, T), dtype=dtype).masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
     if loss_masks is not None:
-        cmask = cmask * loss_masks[:, :cmask.shape[1]]
-    return PackedGroups(input_ids=ids.to(device), position_ids=pos.to(device), attention_mask=mask.to(device),
-                        row_of=row_of.to(device), predictor=predictor.to(device), completion_ids=comp.to(device),
-                        completion_mask=cmask.to(device), advantages=advantages.to(device))
+        cmask = cmask * loss_masks[:, : cmask.shape[1]]
+    return PackedGroups(
+        input_ids=ids.to(device),
+        position_ids=pos.to(device),
+        attention_mask=mask.to(device),
+        row_of=row_of.to(device),
+        predictor=predictor.to(device),
+        completion_ids=comp.to(device),
+        completion_mask=cmask.to(device),
+        advantages=advantages.to(device),
+    )
 
 
 def _right_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,8 +175,8 @@ def _right_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.
     ids = torch.full((len(seqs), L), pad, dtype=torch.long)  # (N, L)
     mask = torch.zeros((len(seqs), L), dtype=torch.long)  # (N, L)
     for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, :len(s)] = 1
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
     return ids, mask
 
 
@@ -169,8 +188,9 @@ def completion_logprobs(model: Any, batch: RolloutBatch | PackedGroups, temperat
     """
     scale = temperature if temperature > 0 else 1.0
     if isinstance(batch, PackedGroups):
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=batch.position_ids).logits  # (R, T, V)
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        ).logits  # (R, T, V)
         # Normalise per position (R*T rows), then pick (row, predicting position, token): never materialises
         # the (N, L, V) logits of every completion, which is ~3x larger (prompts' last position is shared).
         logp = torch.log_softmax(logits.float() / scale, dim=-1)  # (R, T, V)
@@ -183,7 +203,7 @@ def completion_logprobs(model: Any, batch: RolloutBatch | PackedGroups, temperat
     ids, attn = batch.input_ids, batch.attention_mask  # (N, P+L)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (N, P+L) positions as the rollout engine assigns them
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (N, P+L, V)
-    return algorithms.token_logprobs(logits[:, P - 1:-1], ids[:, P:], scale)  # (N, L)
+    return algorithms.token_logprobs(logits[:, P - 1 : -1], ids[:, P:], scale)  # (N, L)
 
 
 def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | None:
@@ -201,8 +221,13 @@ def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | Non
     c_ids = batch.input_ids[:, P:]  # (N, L)
     L = c_ids.shape[1]
     c_pos = p_pos[:, -1:].repeat_interleave(G, dim=0) + 1 + torch.arange(L, device=c_ids.device)  # (N, L)
-    rest = model(input_ids=c_ids, attention_mask=batch.attention_mask, position_ids=c_pos, use_cache=True,
-                 **{cache_kwarg(model): cache}).logits  # (N, L, V)
+    rest = model(
+        input_ids=c_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=c_pos,
+        use_cache=True,
+        **{cache_kwarg(model): cache},
+    ).logits  # (N, L, V)
     first = out.logits[:, -1:].repeat_interleave(G, dim=0)  # (N, 1, V) predicts completion token 0
     return torch.cat([first, rest[:, :-1]], dim=1)  # (N, L, V)
 
@@ -238,9 +263,17 @@ def takes_4d_mask(model: Any) -> bool:
     return getattr(getattr(model, "config", None), "_attn_implementation", None) in (None, "eager", "sdpa")
 
 
-def micro_batches(tokenizer: Any, prompts: Sequence[Prompt], groups: list[list[Completion]],
-                  advantages: torch.Tensor, device: torch.device, size: int, packed: bool = True,
-                  dtype: torch.dtype = torch.float32, pair_cost: float = 0.0) -> list[RolloutBatch | PackedGroups]:
+def micro_batches(
+    tokenizer: Any,
+    prompts: Sequence[Prompt],
+    groups: list[list[Completion]],
+    advantages: torch.Tensor,
+    device: torch.device,
+    size: int,
+    packed: bool = True,
+    dtype: torch.dtype = torch.float32,
+    pair_cost: float = 0.0,
+) -> list[RolloutBatch | PackedGroups]:
     """Split a step's groups (prompts[g] with its completions groups[g]; advantages (N,) group-major) into
     micro-batches of about `size` completions (0 = one micro-batch), whole groups only, ordered by length so
     each is padded only to its own longest row. The loss is a sum over completions, so order is free.
@@ -254,19 +287,29 @@ def micro_batches(tokenizer: Any, prompts: Sequence[Prompt], groups: list[list[C
     per = max(1, (size or G * len(groups)) // G)
     out: list[RolloutBatch | PackedGroups] = []
     for k in range(0, len(groups), per):
-        chosen = order[k:k + per]
+        chosen = order[k : k + per]
         adv = advantages[[g * G + j for g in chosen for j in range(G)]]
         batch: RolloutBatch | PackedGroups
         flat = [c for g in chosen for c in groups[g]]
-        if packed and (not pair_cost or packing_pays([len(p_ids[g]) for g in chosen],
-                                                      [[len(t) for t in tokens[g]] for g in chosen], pair_cost)):
+        if packed and (
+            not pair_cost
+            or packing_pays([len(p_ids[g]) for g in chosen], [[len(t) for t in tokens[g]] for g in chosen], pair_cost)
+        ):
             longest = max(1, max(len(c.token_ids) for c in flat))
-            packed_batch = pack_groups([p_ids[g] for g in chosen], [tokens[g] for g in chosen], adv,
-                                       tokenizer.pad_token_id, device, dtype, loss_masks=model_masks(flat, longest))
+            packed_batch = pack_groups(
+                [p_ids[g] for g in chosen],
+                [tokens[g] for g in chosen],
+                adv,
+                tokenizer.pad_token_id,
+                device,
+                dtype,
+                loss_masks=model_masks(flat, longest),
+            )
             packed_batch.engine_logprobs = engine_logprobs(flat, packed_batch.completion_ids.shape[1]).to(device)
             batch = packed_batch
         else:
-            batch = build_batch(tokenizer, [p_ids[g] for g in chosen for _ in range(G)], flat, adv, device,
-                                group_size=G)
+            batch = build_batch(
+                tokenizer, [p_ids[g] for g in chosen for _ in range(G)], flat, adv, device, group_size=G
+            )
         out.append(batch)
     return out

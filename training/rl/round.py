@@ -135,9 +135,18 @@ class Round:
     pair_cost: float = 0.0  # attention cost per (query, key) pair: packs a micro-batch only where that pays (0: all)
 
     @classmethod
-    def build(cls, cfg: GRPOConfig, round_: int, model: Any, tokenizer: Any, ref_model: Any | None,
-              train_tasks: list[Task], device: torch.device, trainer: Any = None,
-              rollout_model: Any = None) -> Round:
+    def build(
+        cls,
+        cfg: GRPOConfig,
+        round_: int,
+        model: Any,
+        tokenizer: Any,
+        ref_model: Any | None,
+        train_tasks: list[Task],
+        device: torch.device,
+        trainer: Any = None,
+        rollout_model: Any = None,
+    ) -> Round:
         fmt = PromptFormat(tokenizer, getattr(tokenizer, "chat_settings", None), model.generation_config)
         limit = prompt_limit(cfg.max_prompt_tokens, model, cfg.max_new_tokens)
         train_tasks, dropped = fitting_tasks(fmt, train_tasks, limit)
@@ -152,8 +161,9 @@ class Round:
         optimizer = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay)
         engine_name = resolve_engine(cfg.rollout_engine, device)
         rollout_model = model if rollout_model is None else rollout_model
-        engine = make_engine(engine_name, rollout_model, tokenizer, stop_ids=fmt.stop_ids,
-                             **engine_options(cfg, engine_name))
+        engine = make_engine(
+            engine_name, rollout_model, tokenizer, stop_ids=fmt.stop_ids, **engine_options(cfg, engine_name)
+        )
         low, high = cfg.curriculum_band
         curriculum = Curriculum((low, high), cfg.curriculum_floor, cfg.curriculum_ema)
         # kernels run asynchronously on CUDA: sync at phase boundaries, or a phase is charged its predecessor's work
@@ -161,12 +171,29 @@ class Round:
         # Under FSDP every rank must run the same sequence of forwards (each one all-gathers the parameters):
         # a padded micro-batch runs the prompts and the completions as two forwards, a packed one as one, and
         # ranks choosing differently deadlock. So FSDP over several ranks packs every micro-batch.
-        choose_layout = cfg.pack_where_cheaper and not (distributed.world_size() > 1
-                                                        and cfg.parallel.strategy == "fsdp")
-        return cls(cfg, round_, model, tokenizer, ref_model, optimizer, engine, pool, curriculum, device, fmt,
-                   engine_name, resolve_precision(cfg.precision, device), dropped,
-                   trainer=model if trainer is None else trainer, rollout_model=rollout_model,
-                   timer=PhaseTimer(sync=sync), pair_cost=attention_pair_cost(model) if choose_layout else 0.0)
+        choose_layout = cfg.pack_where_cheaper and not (
+            distributed.world_size() > 1 and cfg.parallel.strategy == "fsdp"
+        )
+        return cls(
+            cfg,
+            round_,
+            model,
+            tokenizer,
+            ref_model,
+            optimizer,
+            engine,
+            pool,
+            curriculum,
+            device,
+            fmt,
+            engine_name,
+            resolve_precision(cfg.precision, device),
+            dropped,
+            trainer=model if trainer is None else trainer,
+            rollout_model=rollout_model,
+            timer=PhaseTimer(sync=sync),
+            pair_cost=attention_pair_cost(model) if choose_layout else 0.0,
+        )
 
     # ----- the step ---------------------------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
@@ -216,19 +243,37 @@ class Round:
             chunks, live = self.update_chunks(kept, adv, samples.openings)
         with self.timer.phase("weight_sync"):
             self.engine.sleep()  # vLLM with sleep mode gives the GPU back to the trainer for the update
-        stats = policy_update(self.model, self.ref_model, self.optimizer, chunks, cfg,
-                              tis=use_tis(cfg, self.engine_name), compute_dtype=self.compute_dtype,
-                              trainer=self.trainer, live=live, timer=self.timer)
+        stats = policy_update(
+            self.model,
+            self.ref_model,
+            self.optimizer,
+            chunks,
+            cfg,
+            tis=use_tis(cfg, self.engine_name),
+            compute_dtype=self.compute_dtype,
+            trainer=self.trainer,
+            live=live,
+            timer=self.timer,
+        )
         with self.timer.phase("weight_sync"):
             self.engine.wake_up()
             synced = self.sync_rollout_weights()
         if synced is not None:
             stats["weight_sync_seconds"] = synced
-        self.last_rows = [{"step": step + 1, "domain": t.domain, "difficulty": t.difficulty,
-                           "prompt": engine_text(self.engine, self.prompt_ids(t)), "completion": c.text,
-                           "finish_reason": c.finish_reason, "reward": r, "advantage": float(a)}
-                          for (t, g, rs), ad in zip(kept, adv.tolist())
-                          for c, r, a in zip(g, rs, ad)][:cfg.log_samples]
+        self.last_rows = [
+            {
+                "step": step + 1,
+                "domain": t.domain,
+                "difficulty": t.difficulty,
+                "prompt": engine_text(self.engine, self.prompt_ids(t)),
+                "completion": c.text,
+                "finish_reason": c.finish_reason,
+                "reward": r,
+                "advantage": float(a),
+            }
+            for (t, g, rs), ad in zip(kept, adv.tolist())
+            for c, r, a in zip(g, rs, ad)
+        ][: cfg.log_samples]
         return stats
 
     # ----- rollouts ---------------------------------------------------------------------------------------------
@@ -243,27 +288,50 @@ class Round:
             return self.episode_rollouts(tasks, step, draw)
         if distributed.world_size() == 1 and seeding == "batch":
             with self.timer.phase("rollout"):
-                groups = self.engine.generate([self.prompt_ids(t) for t in tasks], G, cfg.max_new_tokens,
-                                              cfg.temperature, cfg.top_p,
-                                              seed=derive_seed(cfg.seed, self.round, step, draw, "sample"))
+                groups = self.engine.generate(
+                    [self.prompt_ids(t) for t in tasks],
+                    G,
+                    cfg.max_new_tokens,
+                    cfg.temperature,
+                    cfg.top_p,
+                    seed=derive_seed(cfg.seed, self.round, step, draw, "sample"),
+                )
             with self.timer.phase("reward"):
-                return Draw(tasks, groups, training.rewards.score_tasks([t for t in tasks for _ in range(G)],
-                                                       [c.text for g in groups for c in g]))
+                return Draw(
+                    tasks,
+                    groups,
+                    training.rewards.score_tasks(
+                        [t for t in tasks for _ in range(G)], [c.text for g in groups for c in g]
+                    ),
+                )
         mine = distributed.shard_indices(len(tasks), distributed.rank(), distributed.world_size())
         with self.timer.phase("rollout"):
             if seeding == "prompt":  # a prompt's samples depend on its position only, not on which rank draws them
-                my_groups = [self.engine.generate([self.prompt_ids(tasks[i])], G, cfg.max_new_tokens, cfg.temperature,
-                                                  cfg.top_p, seed=derive_seed(cfg.seed, self.round, step, draw,
-                                                                              "sample", i))[0] for i in mine]
+                my_groups = [
+                    self.engine.generate(
+                        [self.prompt_ids(tasks[i])],
+                        G,
+                        cfg.max_new_tokens,
+                        cfg.temperature,
+                        cfg.top_p,
+                        seed=derive_seed(cfg.seed, self.round, step, draw, "sample", i),
+                    )[0]
+                    for i in mine
+                ]
             else:
-                my_groups = self.engine.generate([self.prompt_ids(tasks[i]) for i in mine], G, cfg.max_new_tokens,
-                                                 cfg.temperature, cfg.top_p,
-                                                 seed=derive_seed(cfg.seed, self.round, step, draw, "sample",
-                                                                  distributed.rank()))
+                my_groups = self.engine.generate(
+                    [self.prompt_ids(tasks[i]) for i in mine],
+                    G,
+                    cfg.max_new_tokens,
+                    cfg.temperature,
+                    cfg.top_p,
+                    seed=derive_seed(cfg.seed, self.round, step, draw, "sample", distributed.rank()),
+                )
         with self.timer.phase("reward"):
-            my_scores = training.rewards.score_tasks([tasks[i] for i in mine for _ in range(G)],
-                                    [c.text for g in my_groups for c in g])
-        scored = [(g, my_scores[k * G:(k + 1) * G]) for k, g in enumerate(my_groups)]
+            my_scores = training.rewards.score_tasks(
+                [tasks[i] for i in mine for _ in range(G)], [c.text for g in my_groups for c in g]
+            )
+        scored = [(g, my_scores[k * G : (k + 1) * G]) for k, g in enumerate(my_groups)]
         with self.timer.phase("rollout"):  # waiting for the other ranks' groups
             everything = distributed.gather(scored, len(tasks))
         return Draw(tasks, [g for g, _ in everything], [r for _, rs in everything for r in rs])
@@ -273,16 +341,31 @@ class Round:
         completion, and their rewards: the verifier's on the final answer, less `turn_cost` per extra answer."""
         cfg, G = self.cfg, self.cfg.samples_per_prompt
         with self.timer.phase("rollout"):
-            planted = planted_attempts(tasks, cfg.environments, cfg.planted_share,
-                                       random.Random(derive_seed(cfg.seed, self.round, step, draw, "plant")))
+            planted = planted_attempts(
+                tasks,
+                cfg.environments,
+                cfg.planted_share,
+                random.Random(derive_seed(cfg.seed, self.round, step, draw, "plant")),
+            )
             played = tasks
             if planted is not None and cfg.planted_mirrors:
                 played, planted = mirrored_plants(tasks, planted, cfg.environments)
             episodes = run_episodes(
-                self.engine, self.fmt, played, lambda t: environment_for(t, cfg.environments), G, cfg.max_turns,
-                cfg.max_new_tokens, cfg.temperature, cfg.top_p, max_context=context_limit(self.model),
-                turn_seed=lambda turn: derive_seed(cfg.seed, self.round, step, draw, "sample",
-                                                   *(() if turn == 1 else ("turn", turn))), planted=planted)
+                self.engine,
+                self.fmt,
+                played,
+                lambda t: environment_for(t, cfg.environments),
+                G,
+                cfg.max_turns,
+                cfg.max_new_tokens,
+                cfg.temperature,
+                cfg.top_p,
+                max_context=context_limit(self.model),
+                turn_seed=lambda turn: derive_seed(
+                    cfg.seed, self.round, step, draw, "sample", *(() if turn == 1 else ("turn", turn))
+                ),
+                planted=planted,
+            )
         openings = {t.id: group[0].prompt_ids for t, group in zip(tasks, episodes)}
         flat = [ep for g in episodes for ep in g]
         with self.timer.phase("reward"):
@@ -294,15 +377,20 @@ class Round:
         splits: list[FirstSplit | None] = [None] * len(tasks)
         if cfg.answer_credit == "turn":
             with self.timer.phase("reward"):
-                firsts = first_answer_rewards(episodes, [float(r) for r in scores],
-                                              training.rewards.score_tasks)
-            splits = [None if f is None else ([split_first_answer(c, ep.answers[0]) for c, ep in zip(cs, group)], f)
-                      for cs, group, f in zip(completions, episodes, firsts)]
+                firsts = first_answer_rewards(episodes, [float(r) for r in scores], training.rewards.score_tasks)
+            splits = [
+                None if f is None else ([split_first_answer(c, ep.answers[0]) for c, ep in zip(cs, group)], f)
+                for cs, group, f in zip(completions, episodes, firsts)
+            ]
         return Draw(tasks, completions, rewards, episodes=flat, splits=splits, openings=openings)
 
     # ----- the update's inputs and outputs ----------------------------------------------------------------------
-    def update_chunks(self, kept: list[Group], adv: torch.Tensor, openings: dict[str, list[int]] | None = None,
-                      ) -> tuple[list[RolloutBatch | PackedGroups], list[bool] | None]:
+    def update_chunks(
+        self,
+        kept: list[Group],
+        adv: torch.Tensor,
+        openings: dict[str, list[int]] | None = None,
+    ) -> tuple[list[RolloutBatch | PackedGroups], list[bool] | None]:
         """Micro-batches of this rank's share of the kept groups, and which are live (None: all, 1 process).
         A group's completions follow its environment's opening (`openings`, multi-turn) or the task's prompt.
         Under N ranks every rank ends with the same number of micro-batches: short ones are padded with
@@ -310,12 +398,17 @@ class Round:
         cfg, openings = self.cfg, openings or {}
 
         def chunked(idx: list[int]) -> list[RolloutBatch | PackedGroups]:
-            return micro_batches(self.tokenizer, [openings.get(kept[i][0].id) or self.prompt_ids(kept[i][0])
-                                                  for i in idx],
-                                 [kept[i][1] for i in idx], adv[idx].flatten(), self.device, cfg.micro_batch_size,
-                                 cfg.packed_groups and takes_4d_mask(self.model),
-                                 next(self.model.parameters()).dtype,
-                                 pair_cost=self.pair_cost)
+            return micro_batches(
+                self.tokenizer,
+                [openings.get(kept[i][0].id) or self.prompt_ids(kept[i][0]) for i in idx],
+                [kept[i][1] for i in idx],
+                adv[idx].flatten(),
+                self.device,
+                cfg.micro_batch_size,
+                cfg.packed_groups and takes_4d_mask(self.model),
+                next(self.model.parameters()).dtype,
+                pair_cost=self.pair_cost,
+            )
 
         if distributed.world_size() == 1:
             return chunked(list(range(len(kept)))), None
@@ -357,12 +450,17 @@ def step_metrics(samples: StepSamples, stats: dict[str, float], lr: float) -> di
     metrics = {f"reward/{d}": sum(v) / len(v) for d, v in sorted(samples.domain_rewards.items())}
     every = [r for v in samples.domain_rewards.values() for r in v]
     metrics["reward/all"] = sum(every) / max(1, len(every))
-    metrics.update({f"reward_component/{name}": sum(v) / len(v)
-                    for name, v in sorted(samples.components.items()) if v})
+    metrics.update({f"reward_component/{name}": sum(v) / len(v) for name, v in sorted(samples.components.items()) if v})
     metrics.update({f"train/{k}": v for k, v in stats.items()})
-    metrics.update({"groups_drawn": float(samples.drawn), "groups_kept": float(len(samples.kept)),
-                    "zero_variance_frac": samples.dropped / max(1, samples.drawn), "lr": lr,
-                    "rollout/length_cut_frac": sum(samples.cut_by_length) / max(1, len(samples.cut_by_length))})
+    metrics.update(
+        {
+            "groups_drawn": float(samples.drawn),
+            "groups_kept": float(len(samples.kept)),
+            "zero_variance_frac": samples.dropped / max(1, samples.drawn),
+            "lr": lr,
+            "rollout/length_cut_frac": sum(samples.cut_by_length) / max(1, len(samples.cut_by_length)),
+        }
+    )
     return metrics
 
 
@@ -370,8 +468,10 @@ def episode_metrics(episodes: list[Episode], first_rewards: list[float]) -> dict
     """How a step's episodes went: answers per episode, the planted share, what ended them, and (turn credit)
     how the model's own first answers did in split groups."""
     n = len(episodes)
-    metrics = {"episode/turns_mean": sum(ep.turns for ep in episodes) / n,
-               "episode/planted_frac": sum(ep.planted for ep in episodes) / n}
+    metrics = {
+        "episode/turns_mean": sum(ep.turns for ep in episodes) / n,
+        "episode/planted_frac": sum(ep.planted for ep in episodes) / n,
+    }
     if first_rewards:
         metrics["episode/first_answer_reward"] = sum(first_rewards) / len(first_rewards)
     for why in ("environment", "max_turns", "context", "single_turn"):
@@ -390,6 +490,11 @@ def engine_options(cfg: GRPOConfig, engine_name: str) -> dict[str, Any]:
     """The rollout engine's settings from the round's config."""
     if engine_name == "hf":
         return {"batch_size": cfg.rollout_batch_size}
-    return {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization, "max_model_len": cfg.vllm_max_model_len,
-            "enable_prefix_caching": cfg.vllm_prefix_caching, "enable_sleep_mode": cfg.vllm_sleep_mode,
-            "tensor_parallel_size": cfg.vllm_tensor_parallel_size, "seed": cfg.seed}
+    return {
+        "gpu_memory_utilization": cfg.vllm_gpu_memory_utilization,
+        "max_model_len": cfg.vllm_max_model_len,
+        "enable_prefix_caching": cfg.vllm_prefix_caching,
+        "enable_sleep_mode": cfg.vllm_sleep_mode,
+        "tensor_parallel_size": cfg.vllm_tensor_parallel_size,
+        "seed": cfg.seed,
+    }

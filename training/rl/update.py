@@ -25,8 +25,9 @@ from training.rl.config import GRPOConfig
 from training.rl.grpo_batches import PackedGroups, RolloutBatch, completion_logprobs
 
 
-def reference_logprobs(model: Any, ref_model: Any | None, chunk: RolloutBatch | PackedGroups,
-                       temperature: float) -> torch.Tensor:
+def reference_logprobs(
+    model: Any, ref_model: Any | None, chunk: RolloutBatch | PackedGroups, temperature: float
+) -> torch.Tensor:
     """log-probs under the KL reference: `ref_model` (on whatever device it lives), or with LoRA the policy's
     own base with adapters disabled. (n, L)."""
     if ref_model is None:
@@ -35,9 +36,14 @@ def reference_logprobs(model: Any, ref_model: Any | None, chunk: RolloutBatch | 
     ref_device = next(ref_model.parameters()).device
     here = chunk.completion_mask.device
     if ref_device != here:  # an offloaded reference: run its forward where it lives
-        moved = dataclasses.replace(chunk, **{f.name: getattr(chunk, f.name).to(ref_device)
-                                              for f in dataclasses.fields(chunk)
-                                              if isinstance(getattr(chunk, f.name), torch.Tensor)})
+        moved = dataclasses.replace(
+            chunk,
+            **{
+                f.name: getattr(chunk, f.name).to(ref_device)
+                for f in dataclasses.fields(chunk)
+                if isinstance(getattr(chunk, f.name), torch.Tensor)
+            },
+        )
         return completion_logprobs(ref_model, moved, temperature).to(here)
     return completion_logprobs(ref_model, chunk, temperature)
 
@@ -47,10 +53,18 @@ def use_tis(cfg: GRPOConfig, engine_name: str) -> bool:
     return cfg.rollout_correction == "tis" or (cfg.rollout_correction == "auto" and engine_name == "vllm")
 
 
-def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer,
-                  chunks: Sequence[RolloutBatch | PackedGroups], cfg: GRPOConfig, tis: bool = False,
-                  compute_dtype: torch.dtype = torch.float32, trainer: Any | None = None,
-                  live: Sequence[bool] | None = None, timer: PhaseTimer | None = None) -> dict[str, float]:
+def policy_update(
+    model: Any,
+    ref_model: Any | None,
+    optimizer: torch.optim.Optimizer,
+    chunks: Sequence[RolloutBatch | PackedGroups],
+    cfg: GRPOConfig,
+    tis: bool = False,
+    compute_dtype: torch.dtype = torch.float32,
+    trainer: Any | None = None,
+    live: Sequence[bool] | None = None,
+    timer: PhaseTimer | None = None,
+) -> dict[str, float]:
     """`updates_per_batch` optimizer steps on one rollout batch (as micro-batches); averaged loss statistics.
     The KL reference is `ref_model`, or with a LoRA policy its adapter-disabled base. With `tis`, each token's
     policy gradient is weighted by the truncated trainer/engine probability ratio.
@@ -68,16 +82,22 @@ def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Opti
     with torch.no_grad(), autocast(device, compute_dtype):
         has_ref = cfg.beta and (ref_model is not None or is_lora(model))
         with timer.phase("reference"):
-            ref_logp = ([reference_logprobs(model, ref_model, c, cfg.temperature) for c in chunks]
-                        if has_ref else None)  # [(n, L_c)]
+            ref_logp = (
+                [reference_logprobs(model, ref_model, c, cfg.temperature) for c in chunks] if has_ref else None
+            )  # [(n, L_c)]
         with timer.phase("policy"):
-            old_logp = ([completion_logprobs(trainer, c, cfg.temperature) for c in chunks]
-                        if cfg.updates_per_batch > 1 else None)  # [(n, L_c)]
+            old_logp = (
+                [completion_logprobs(trainer, c, cfg.temperature) for c in chunks]
+                if cfg.updates_per_batch > 1
+                else None
+            )  # [(n, L_c)]
     n_tokens = torch.stack([c.completion_mask.sum() for c in chunks]).sum().clamp(min=1)
     n_seqs = sum(c.completion_mask.shape[0] for c in chunks)
     if world > 1:  # global normalisers, from the live chunks of every rank
-        n_tokens = torch.tensor(distributed.sum_over_ranks(
-            sum(float(c.completion_mask.sum()) * w for c, w in zip(chunks, weight))), device=device).clamp(min=1)
+        n_tokens = torch.tensor(
+            distributed.sum_over_ranks(sum(float(c.completion_mask.sum()) * w for c, w in zip(chunks, weight))),
+            device=device,
+        ).clamp(min=1)
         n_seqs = int(distributed.sum_over_ranks(sum(c.completion_mask.shape[0] * w for c, w in zip(chunks, weight))))
     stats: dict[str, float] = defaultdict(float)
     for _ in range(cfg.updates_per_batch):
@@ -92,9 +112,19 @@ def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Opti
                 if tis and c.engine_logprobs is not None:
                     weights = algorithms.truncated_is_weights(old, c.engine_logprobs, cfg.tis_cap)  # (n, L_c)
                 loss, st = algorithms.grpo_loss(
-                    logp, old, ref_logp[j] if ref_logp is not None else None, c.advantages, mask,
-                    beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.loss_agg,
-                    kl_estimator=cfg.kl_estimator, policy_loss=cfg.policy_loss, is_weights=weights)
+                    logp,
+                    old,
+                    ref_logp[j] if ref_logp is not None else None,
+                    c.advantages,
+                    mask,
+                    beta=cfg.beta,
+                    clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high,
+                    agg=cfg.loss_agg,
+                    kl_estimator=cfg.kl_estimator,
+                    policy_loss=cfg.policy_loss,
+                    is_weights=weights,
+                )
                 if c.engine_logprobs is not None:
                     st["rollout_mismatch_kl"] = algorithms.mismatch_kl(old, c.engine_logprobs, mask)
                 # mean -log p of the sampled tokens: an estimate of the policy's per-token entropy (its samples
@@ -111,8 +141,9 @@ def policy_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Opti
                     stats[k] += float(v) * float(share) / cfg.updates_per_batch
                 stats["loss"] += float(loss.detach()) * float(share) / cfg.updates_per_batch
         with timer.phase("optimizer"):
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0
-                                                       else float("inf"))
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+            )
             optimizer.step()
         stats["grad_norm"] += distributed.scalar(grad_norm) / cfg.updates_per_batch
     if world > 1:  # each rank's stats are its share of the global ones; the norm is already global

@@ -40,7 +40,7 @@ def make_engine(kind: str, model: Any, tokenizer: Any, **kwargs: Any) -> Rollout
 
 
 def resolve_engine(name: str, device: torch.device) -> str:
-    """"auto" is vLLM on a CUDA device when vllm is installed, else transformers."""
+    """ "auto" is vLLM on a CUDA device when vllm is installed, else transformers."""
     if name != "auto":
         return name
     from training.rollout.vllm import HAVE_VLLM  # inside: importing it imports vllm itself, where installed

@@ -49,8 +49,15 @@ class RolloutEngine(Protocol):
 
     stop_ids: list[int]
 
-    def generate(self, prompts: Sequence[Prompt], n_samples: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0) -> list[list[Completion]]:
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        n_samples: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[list[Completion]]:
         """len(result) == len(prompts); len(result[i]) == n_samples. temperature 0 means greedy."""
         ...
 
@@ -62,14 +69,14 @@ class RolloutEngine(Protocol):
         """Give accelerator memory back to the trainer until the next `generate` or `wake_up` (may be a no-op)."""
         ...
 
-    def wake_up(self) -> None:
-        ...
+    def wake_up(self) -> None: ...
 
 
 def prompt_ids(tokenizer: Any, prompts: Sequence[Prompt]) -> list[list[int]]:
     """Token ids of each prompt: ids pass through; a string is tokenised without special tokens."""
-    return [list(tokenizer(p, add_special_tokens=False)["input_ids"]) if isinstance(p, str) else list(p)
-            for p in prompts]
+    return [
+        list(tokenizer(p, add_special_tokens=False)["input_ids"]) if isinstance(p, str) else list(p) for p in prompts
+    ]
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,8 +88,8 @@ def left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, tor
     attn = torch.zeros((len(rows), width), dtype=torch.long)  # (N, P)
     for i, row in enumerate(rows):
         if row:
-            ids[i, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
-            attn[i, width - len(row):] = 1
+            ids[i, width - len(row) :] = torch.tensor(list(row), dtype=torch.long)
+            attn[i, width - len(row) :] = 1
     return ids, attn
 
 

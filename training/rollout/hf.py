@@ -28,8 +28,16 @@ from training.rollout.lean_decode import lean_decoder
 
 
 class HFRolloutEngine:
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 256, device: str | None = None,
-                 impl: str = "loop", stop_ids: Sequence[int] | None = None, lean: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        batch_size: int = 256,
+        device: str | None = None,
+        impl: str = "loop",
+        stop_ids: Sequence[int] | None = None,
+        lean: bool = True,
+    ) -> None:
         if impl not in ("loop", "generate"):
             raise ValueError(f"impl {impl!r}: use 'loop' or 'generate'")
         self.impl = impl
@@ -60,8 +68,15 @@ class HFRolloutEngine:
         self.model.load_state_dict(state, strict=False)
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Prompt], n_samples: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0) -> list[list[Completion]]:
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        n_samples: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[list[Completion]]:
         tok = self.tokenizer
         stops, pad = torch.tensor(self.stop_ids, device=self.device), tok.pad_token_id
         rows = prompt_ids(tok, prompts)
@@ -77,39 +92,63 @@ class HFRolloutEngine:
             if self.device.type == "cuda":
                 torch.cuda.manual_seed_all(seed)
             for start in range(0, len(rows), per_chunk):
-                chunk = rows[start:start + per_chunk]
+                chunk = rows[start : start + per_chunk]
                 if self.impl == "generate":
                     flat = [p for p in chunk for _ in range(n_samples)]  # prompt-major: sample j of i at i*n+j
                     ids, attn = (t.to(self.device) for t in left_pad(flat, pad))
                     seq, logp = self._generate(ids, attn, max_new_tokens, temperature, top_p, greedy, pad)
                 else:
                     ids, attn = (t.to(self.device) for t in left_pad(chunk, pad))
-                    seq, logp = self._decode(ids, attn, n_samples, max_new_tokens, temperature, top_p, greedy,
-                                             stops, pad)
+                    seq, logp = self._decode(
+                        ids, attn, n_samples, max_new_tokens, temperature, top_p, greedy, stops, pad
+                    )
                 for row_ids, row_lp in zip(seq.tolist(), logp.tolist()):
                     out.append(_completion(row_ids, row_lp, self.stop_ids, tok))
         if was_training:
             self.model.train()
-        return [out[i * n_samples:(i + 1) * n_samples] for i in range(len(prompts))]
+        return [out[i * n_samples : (i + 1) * n_samples] for i in range(len(prompts))]
 
-
-    def _generate(self, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: int, temperature: float,
-                  top_p: float, greedy: bool, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _generate(
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        greedy: bool,
+        pad: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         gen = self.model.generate(
             input_ids=ids,  # (N, P)
             attention_mask=attn,  # (N, P)
-            max_new_tokens=max_new_tokens, do_sample=not greedy,
-            temperature=temperature if not greedy else None, top_p=top_p if not greedy else None,
-            top_k=0 if not greedy else None, eos_token_id=self.stop_ids, pad_token_id=pad, use_cache=True,
-            return_dict_in_generate=True, output_logits=True,
+            max_new_tokens=max_new_tokens,
+            do_sample=not greedy,
+            temperature=temperature if not greedy else None,
+            top_p=top_p if not greedy else None,
+            top_k=0 if not greedy else None,
+            eos_token_id=self.stop_ids,
+            pad_token_id=pad,
+            use_cache=True,
+            return_dict_in_generate=True,
+            output_logits=True,
         )
-        seq = gen.sequences[:, ids.shape[1]:]  # (N, L)
+        seq = gen.sequences[:, ids.shape[1] :]  # (N, L)
         logits = torch.stack(gen.logits, dim=1).float()  # (N, L, V)
         scale = 1.0 if greedy else temperature
         return seq, torch.log_softmax(logits / scale, dim=-1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)  # (N, L)
 
-    def _decode(self, ids: torch.Tensor, attn: torch.Tensor, n_samples: int, max_new_tokens: int, temperature: float,
-                top_p: float, greedy: bool, stops: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode(
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        n_samples: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        greedy: bool,
+        stops: torch.Tensor,
+        pad: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill each prompt once, repeat its KV cache for its samples, then one cached forward per new token.
         ids, attn: (B, P) distinct prompts. Returns (N, L) tokens and log-probs, N = B * n_samples, prompt-major."""
         dev = ids.device
@@ -156,8 +195,13 @@ class HFRolloutEngine:
                 logits, next_pos = lean.step(tok, next_pos), next_pos + 1
                 continue
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)  # (A, P+t+1)
-            out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos.unsqueeze(-1),
-                             use_cache=True, **{cache_kw: past})
+            out = self.model(
+                input_ids=tok.unsqueeze(-1),
+                attention_mask=attn,
+                position_ids=next_pos.unsqueeze(-1),
+                use_cache=True,
+                **{cache_kw: past},
+            )
             past, logits, next_pos = cache_of(out), out.logits[:, -1], next_pos + 1
         return tokens, logps  # (N, L), (N, L); _completion cuts each row after its stop id
 
@@ -189,5 +233,6 @@ def _completion(ids: list[int], logprobs: list[float], stop_ids: Sequence[int], 
         ids, logprobs, reason = ids[:end], logprobs[:end], "stop"
     else:
         reason = "length"
-    return Completion(token_ids=ids, text=tok.decode(ids, skip_special_tokens=True), logprobs=logprobs,
-                      finish_reason=reason)
+    return Completion(
+        token_ids=ids, text=tok.decode(ids, skip_special_tokens=True), logprobs=logprobs, finish_reason=reason
+    )

@@ -62,7 +62,8 @@ class LeanDecoder:
             uses_window = True
         else:  # Qwen2/Qwen3: only where use_sliding_window made some layers "sliding_attention"
             uses_window = getattr(config, "use_sliding_window", True) and any(
-                t == "sliding_attention" for t in getattr(config, "layer_types", None) or ["sliding_attention"])
+                t == "sliding_attention" for t in getattr(config, "layer_types", None) or ["sliding_attention"]
+            )
         if window and uses_window and window < total_len:
             return False
         if getattr(model, "hf_device_map", None):  # dispatched by accelerate: weights behind hooks, maybe offloaded
@@ -74,8 +75,9 @@ class LeanDecoder:
                 return False
         return _plain_weights(model) and type(model.lm_head) is torch.nn.Linear
 
-    def __init__(self, model: Any, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor,
-                 length: int) -> None:
+    def __init__(
+        self, model: Any, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor, length: int
+    ) -> None:
         """keys/values: per layer (A, H_kv, P, d), the prefilled prompt; mask: (A, P) bool, False on padding;
         length: room for this many new tokens."""
         inner = model.model
@@ -92,8 +94,7 @@ class LeanDecoder:
         self._buffers(keys, values, mask, length)
         self.fuse()
 
-    def _buffers(self, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor,
-                 length: int) -> None:
+    def _buffers(self, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor, length: int) -> None:
         """The key/value buffers (A, H_kv, P + length, d) per layer holding the prompt's, and the mask (A, T)."""
         A, P = mask.shape
         self.filled = P
@@ -122,8 +123,11 @@ class LeanDecoder:
         fused weight is larger than a core's cache, and one matmul over it ran slower than two. Larger models
         (FUSE_MAX_BYTES) keep q/k/v apart too, rather than hold a second copy of those weights."""
         self.fused: list[tuple[torch.Tensor, torch.Tensor | None] | None] = []
-        weights = [m.weight for layer in self.layers
-                   for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)]
+        weights = [
+            m.weight
+            for layer in self.layers
+            for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+        ]
         if sum(w.numel() * w.element_size() for w in weights) > FUSE_MAX_BYTES:
             self.fused = [None] * len(self.layers)
             return
@@ -171,8 +175,8 @@ class LeanDecoder:
             if fused is not None:
                 qkv = F.linear(x, fused[0], fused[1])  # (A, (hq + 2 hk) d)
                 q = qkv[:, : hq * d].view(A, hq, d)
-                k = qkv[:, hq * d: (hq + hk) * d].view(A, hk, d)
-                v = qkv[:, (hq + hk) * d:].view(A, hk, d)
+                k = qkv[:, hq * d : (hq + hk) * d].view(A, hk, d)
+                v = qkv[:, (hq + hk) * d :].view(A, hk, d)
             else:
                 q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(A, hq, d)
                 k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(A, hk, d)
@@ -184,8 +188,9 @@ class LeanDecoder:
             keys, vals = self._append(i, t, k, v)  # (A, hk, T', d)
             # grouped-query attention without repeating heads: a group's query heads are the "query positions"
             # of its one key/value head (measured ~20% faster on a CPU than enable_gqa or explicit matmuls)
-            out = F.scaled_dot_product_attention(q.view(A, hk, groups, d), keys, vals, attn_mask=mask,
-                                                 scale=self.scaling).reshape(A, hq * d)  # (A, hq d)
+            out = F.scaled_dot_product_attention(
+                q.view(A, hk, groups, d), keys, vals, attn_mask=mask, scale=self.scaling
+            ).reshape(A, hq * d)  # (A, hq d)
             h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
             x = layer.post_attention_layernorm(h)
             mlp = layer.mlp
@@ -211,19 +216,26 @@ class GPT2LeanDecoder(LeanDecoder):
             return False
         if type(model).__name__ != "GPT2LMHeadModel" or type(model.lm_head) is not torch.nn.Linear:
             return False  # a peft wrapper or any other head
-        if (config.add_cross_attention or config.scale_attn_by_inverse_layer_idx or config.reorder_and_upcast_attn
-                or total_len > config.n_positions or getattr(model, "hf_device_map", None)):
+        if (
+            config.add_cross_attention
+            or config.scale_attn_by_inverse_layer_idx
+            or config.reorder_and_upcast_attn
+            or total_len > config.n_positions
+            or getattr(model, "hf_device_map", None)
+        ):
             return False
         from transformers.pytorch_utils import Conv1D
 
         for block in inner.h:
-            if any(type(m) is not Conv1D for m in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc,
-                                                       block.mlp.c_proj)):
+            if any(
+                type(m) is not Conv1D for m in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
+            ):
                 return False  # LoRA or quantised layers
         return _plain_weights(model)
 
-    def __init__(self, model: Any, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor,
-                 length: int) -> None:
+    def __init__(
+        self, model: Any, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor, length: int
+    ) -> None:
         inner = model.transformer
         self.model, self.inner = model, inner
         self.layers = list(inner.h)
@@ -249,12 +261,14 @@ class GPT2LeanDecoder(LeanDecoder):
             qkv = torch.addmm(attn.c_attn.bias, x, attn.c_attn.weight)  # (A, 3 H d), as Conv1D computes it
             q, k, v = qkv.view(A, 3, H, d).unbind(1)  # (A, H, d) each
             keys, vals = self._append(i, t, k, v)  # (A, H, T', d)
-            out = F.scaled_dot_product_attention(q[:, :, None], keys, vals, attn_mask=mask,
-                                                 scale=self.scaling).reshape(A, H * d)  # (A, H d)
+            out = F.scaled_dot_product_attention(q[:, :, None], keys, vals, attn_mask=mask, scale=self.scaling).reshape(
+                A, H * d
+            )  # (A, H d)
             h = h + torch.addmm(attn.c_proj.bias, out, attn.c_proj.weight)
             x = block.ln_2(h)
-            h = h + torch.addmm(mlp.c_proj.bias, mlp.act(torch.addmm(mlp.c_fc.bias, x, mlp.c_fc.weight)),
-                                mlp.c_proj.weight)
+            h = h + torch.addmm(
+                mlp.c_proj.bias, mlp.act(torch.addmm(mlp.c_fc.bias, x, mlp.c_fc.weight)), mlp.c_proj.weight
+            )
         self.filled = t + 1
         h = self.inner.ln_f(h)
         return F.linear(h, self.model.lm_head.weight, self.model.lm_head.bias)  # (A, V)
@@ -290,8 +304,9 @@ def _concat(linears: tuple[torch.nn.Linear, ...]) -> tuple[torch.Tensor, torch.T
     weight = torch.cat([m.weight for m in linears]).detach()
     if all(m.bias is None for m in linears):
         return weight, None
-    return weight, torch.cat([m.bias if m.bias is not None else weight.new_zeros(m.out_features)
-                              for m in linears]).detach()
+    return weight, torch.cat(
+        [m.bias if m.bias is not None else weight.new_zeros(m.out_features) for m in linears]
+    ).detach()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -47,10 +47,20 @@ except Exception:  # noqa: BLE001 - ImportError, or a CUDA-less import failure i
 
 
 class VLLMRolloutEngine:
-    def __init__(self, model: Any, tokenizer: Any = None, gpu_memory_utilization: float = 0.3,
-                 dtype: str = "auto", max_model_len: int | None = None, enforce_eager: bool = False,
-                 seed: int = 0, stop_ids: Sequence[int] | None = None, enable_prefix_caching: bool = True,
-                 enable_sleep_mode: bool = False, tensor_parallel_size: int = 1) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        gpu_memory_utilization: float = 0.3,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        stop_ids: Sequence[int] | None = None,
+        enable_prefix_caching: bool = True,
+        enable_sleep_mode: bool = False,
+        tensor_parallel_size: int = 1,
+    ) -> None:
         """`model`: a saved model folder (str/Path), or an HF model object (saved to a temp folder first)."""
         if not HAVE_VLLM:
             raise RuntimeError("the vllm rollout engine needs vllm: pip install 'posttrain[gpu]' on a CUDA machine")
@@ -61,16 +71,20 @@ class VLLMRolloutEngine:
         self.sleeping = False
         self._tmp: tempfile.TemporaryDirectory | None = None
         if not isinstance(model, (str, Path)):
-
             # Plain weights, a LoRA policy merged: vLLM serves what the trainer's policy computes.
             self._tmp = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
             save_pretrained(model, tokenizer, self._tmp.name)
             model = self._tmp.name
         self.path = str(model)
         self.kwargs: dict[str, Any] = {
-            "gpu_memory_utilization": gpu_memory_utilization, "dtype": dtype, "enforce_eager": enforce_eager,
-            "seed": seed, "enable_prefix_caching": enable_prefix_caching, "enable_sleep_mode": enable_sleep_mode,
-            "tensor_parallel_size": tensor_parallel_size}
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "dtype": dtype,
+            "enforce_eager": enforce_eager,
+            "seed": seed,
+            "enable_prefix_caching": enable_prefix_caching,
+            "enable_sleep_mode": enable_sleep_mode,
+            "tensor_parallel_size": tensor_parallel_size,
+        }
         if max_model_len:
             self.kwargs["max_model_len"] = max_model_len
         self.llm = self._build(self.path)
@@ -83,16 +97,30 @@ class VLLMRolloutEngine:
         except TypeError:  # a vLLM without logprobs_mode: raw log-probs (exact at temperature 1)
             return LLM(model=path, **self.kwargs)
 
-    def generate(self, prompts: Sequence[Prompt], n_samples: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0) -> list[list[Completion]]:
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        n_samples: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[list[Completion]]:
         from vllm import SamplingParams, TokensPrompt
 
         if self.sleeping:
             self.wake_up()
         greedy = temperature <= 0
-        params = SamplingParams(n=n_samples, temperature=0.0 if greedy else temperature,
-                                top_p=1.0 if greedy else top_p, max_tokens=max_new_tokens, seed=seed,
-                                logprobs=0, skip_special_tokens=True, stop_token_ids=self.stop_ids)
+        params = SamplingParams(
+            n=n_samples,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
+            max_tokens=max_new_tokens,
+            seed=seed,
+            logprobs=0,
+            skip_special_tokens=True,
+            stop_token_ids=self.stop_ids,
+        )
         ids = prompt_ids(self.tokenizer, prompts)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)
         result = []
@@ -100,10 +128,18 @@ class VLLMRolloutEngine:
             group = []
             for out in req.outputs:
                 token_ids = list(out.token_ids)
-                lps = [float(step[tid].logprob) if step and tid in step else 0.0
-                       for tid, step in zip(token_ids, out.logprobs or [{}] * len(token_ids))]
-                group.append(Completion(token_ids=token_ids, text=out.text, logprobs=lps,
-                                        finish_reason="length" if out.finish_reason == "length" else "stop"))
+                lps = [
+                    float(step[tid].logprob) if step and tid in step else 0.0
+                    for tid, step in zip(token_ids, out.logprobs or [{}] * len(token_ids))
+                ]
+                group.append(
+                    Completion(
+                        token_ids=token_ids,
+                        text=out.text,
+                        logprobs=lps,
+                        finish_reason="length" if out.finish_reason == "length" else "stop",
+                    )
+                )
             result.append(group)
         return result
 

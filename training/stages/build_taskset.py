@@ -112,8 +112,10 @@ class TasksetConfig(ConfigBase):
             raise ValueError("max_filter_loss must be in (0, 1] and ngram_common in [0, 1]")
         if any(r < 0 for r in self.mix.values()):
             raise ValueError("mix ratios must be >= 0")
-        for name, levels in {"difficulties": self.difficulties,
-                             **{f"domain_difficulties[{d!r}]": v for d, v in self.domain_difficulties.items()}}.items():
+        for name, levels in {
+            "difficulties": self.difficulties,
+            **{f"domain_difficulties[{d!r}]": v for d, v in self.domain_difficulties.items()},
+        }.items():
             if not levels or any(not 1 <= d <= 5 for d in levels):
                 raise ValueError(f"{name} must be levels 1..5, got {levels}")
         if self.profile == "data" and not self.sources:
@@ -125,14 +127,16 @@ class TasksetConfig(ConfigBase):
 
             unknown_levels = sorted(set(self.domain_difficulties) - set(DOMAIN_VERIFIER))
             if unknown_levels:
-                raise ValueError(f"domain_difficulties: unknown domain(s) {unknown_levels}; known: "
-                                 f"{', '.join(DOMAIN_VERIFIER)}")
+                raise ValueError(
+                    f"domain_difficulties: unknown domain(s) {unknown_levels}; known: {', '.join(DOMAIN_VERIFIER)}"
+                )
 
         for domain, weights in self.reward_weights.items():
             unknown = sorted(set(weights) - set(VERIFIERS))
             if unknown:
-                raise ValueError(f"reward_weights[{domain!r}]: unknown verifier(s) {unknown}; known: "
-                                 f"{', '.join(sorted(VERIFIERS))}")
+                raise ValueError(
+                    f"reward_weights[{domain!r}]: unknown verifier(s) {unknown}; known: {', '.join(sorted(VERIFIERS))}"
+                )
             if any(w < 0 for w in weights.values()) or not any(w > 0 for w in weights.values()):
                 raise ValueError(f"reward_weights[{domain!r}]: weights must be >= 0 and not all 0")
 
@@ -170,7 +174,8 @@ def check_filter_loss(name: str, before: list[Task], after: list[Task], max_loss
             raise TasksetEmptied(
                 f"{name} dropped {lost} of {was[domain]} {domain!r} rows ({lost / was[domain]:.0%}, more than "
                 f"max_filter_loss={max_loss:g}); {now[domain]} left. Check the source for duplicated or templated "
-                "prompts, or raise max_filter_loss if this is expected.")
+                "prompts, or raise max_filter_loss if this is expected."
+            )
 
 
 def check_not_empty(train: list[Task], holdout: list[Task], holdout_fraction: float, steps: dict[str, int]) -> None:
@@ -178,16 +183,21 @@ def check_not_empty(train: list[Task], holdout: list[Task], holdout_fraction: fl
     if not train:
         raise TasksetEmptied(f"the train split is empty ({trail}, after mixing: 0)")
     if holdout_fraction > 0 and not holdout:
-        raise TasksetEmptied(f"the holdout split is empty ({trail}; holdout_fraction={holdout_fraction:g} of "
-                             "each domain and difficulty needs groups of at least 2 tasks)")
+        raise TasksetEmptied(
+            f"the holdout split is empty ({trail}; holdout_fraction={holdout_fraction:g} of "
+            "each domain and difficulty needs groups of at least 2 tasks)"
+        )
 
 
 def counts(tasks: list[Task]) -> dict[str, Any]:
     by_dd: dict[str, dict[str, int]] = {}
     for (domain, level), n in sorted(Counter((t.domain, t.difficulty) for t in tasks).items()):
         by_dd.setdefault(domain, {})[str(level)] = n
-    return {"total": len(tasks), "by_domain": dict(sorted(Counter(t.domain for t in tasks).items())),
-            "by_domain_difficulty": by_dd}
+    return {
+        "total": len(tasks),
+        "by_domain": dict(sorted(Counter(t.domain for t in tasks).items())),
+        "by_domain_difficulty": by_dd,
+    }
 
 
 def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
@@ -224,8 +234,12 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
     if config.sources:
         timings["load_sources"] = time.perf_counter() - t
     if config.reward_weights:
-        tasks = [replace(t, metadata={**t.metadata, "reward_weights": dict(config.reward_weights[t.domain])})
-                 if t.domain in config.reward_weights and "reward_weights" not in t.metadata else t for t in tasks]
+        tasks = [
+            replace(t, metadata={**t.metadata, "reward_weights": dict(config.reward_weights[t.domain])})
+            if t.domain in config.reward_weights and "reward_weights" not in t.metadata
+            else t
+            for t in tasks
+        ]
     file_level = [e for e in errors if e.row is None]
     if errors and (not config.quarantine or file_level):
         raise TasksetValidationError(file_level if config.quarantine else errors)
@@ -237,18 +251,30 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
     train, holdout = stratified_split(unique, config.holdout_fraction, config.seed)
     common = max(10, math.ceil(config.ngram_common * len(unique))) if config.ngram_common > 0 else 0
     clean, overlap_report = overlap_filter(train, holdout, config.ngram, common_min_prompts=common)
-    check_filter_loss(f"decontamination ({config.ngram}-gram overlap with the holdout)", train, clean,
-                      config.max_filter_loss)
+    check_filter_loss(
+        f"decontamination ({config.ngram}-gram overlap with the holdout)", train, clean, config.max_filter_loss
+    )
     train, mix_report = mix_train(clean, config.mix, config.seed, config.mix_tolerance)
-    check_not_empty(train, holdout, config.holdout_fraction, {"input": len(tasks), "after dedup": len(unique),
-                                                              "after decontamination": len(clean)})
+    check_not_empty(
+        train,
+        holdout,
+        config.holdout_fraction,
+        {"input": len(tasks), "after dedup": len(unique), "after decontamination": len(clean)},
+    )
     timings["split"] = time.perf_counter() - t
     report = {
-        "profile": config.profile, "seed": config.seed, "inputs": inputs,
+        "profile": config.profile,
+        "seed": config.seed,
+        "inputs": inputs,
         "counts": {"train": counts(train), "holdout": counts(holdout)},
-        "validation": {"errors": len(errors), "quarantined": len(quarantined),
-                       "examples": [str(e) for e in errors[:20]]},
-        "dedup": dedup_report, "overlap": overlap_report, "mixing": mix_report,
+        "validation": {
+            "errors": len(errors),
+            "quarantined": len(quarantined),
+            "examples": [str(e) for e in errors[:20]],
+        },
+        "dedup": dedup_report,
+        "overlap": overlap_report,
+        "mixing": mix_report,
         "timings_s": {k: round(v, 4) for k, v in timings.items()},
     }
     return Build(train, holdout, report, quarantined)
@@ -261,9 +287,19 @@ def _samples(train: list[Task], holdout: list[Task], per_domain: int) -> list[di
         for t in tasks:
             if taken[t.domain] < (per_domain if split == "train" else max(per_domain // 4, 1)):
                 taken[t.domain] += 1
-                rows.append({"split": split, "id": t.id, "domain": t.domain, "difficulty": t.difficulty,
-                             "verifier": t.verifier, "prompt": t.prompt, "reference": t.reference,
-                             "answer": t.answer or "", "tests": len(t.tests) if isinstance(t.tests, list) else 1})
+                rows.append(
+                    {
+                        "split": split,
+                        "id": t.id,
+                        "domain": t.domain,
+                        "difficulty": t.difficulty,
+                        "verifier": t.verifier,
+                        "prompt": t.prompt,
+                        "reference": t.reference,
+                        "answer": t.answer or "",
+                        "tests": len(t.tests) if isinstance(t.tests, list) else 1,
+                    }
+                )
     return rows
 
 
@@ -335,15 +371,25 @@ def body(ctx: StageContext) -> dict[str, Any]:
         ctx.mlflow.log_figure(_figure(report), "counts.png")
     except Exception as err:  # noqa: BLE001 - a chart is never worth failing the stage
         log.warning("[taskset] counts chart not logged: %s", err)
-    ctx.progress("built", train=len(result.train), holdout=len(result.holdout),
-                 quarantined=len(result.quarantined))
-    return {"train": len(result.train), "holdout": len(result.holdout),
-            "train_by_domain": report["counts"]["train"]["by_domain"],
-            "holdout_by_domain": report["counts"]["holdout"]["by_domain"],
-            "quarantined": len(result.quarantined), "contaminated": report["overlap"]["contaminated"],
-            "duplicates": report["dedup"]["exact_duplicates"] + report["dedup"]["near_duplicates"]}
+    ctx.progress("built", train=len(result.train), holdout=len(result.holdout), quarantined=len(result.quarantined))
+    return {
+        "train": len(result.train),
+        "holdout": len(result.holdout),
+        "train_by_domain": report["counts"]["train"]["by_domain"],
+        "holdout_by_domain": report["counts"]["holdout"]["by_domain"],
+        "quarantined": len(result.quarantined),
+        "contaminated": report["overlap"]["contaminated"],
+        "duplicates": report["dedup"]["exact_duplicates"] + report["dedup"]["near_duplicates"],
+    }
 
 
 def cli(argv: list[str], prog: str = "posttrain build-taskset") -> int:
-    return stage_cli(argv, prog, "Build the verifiable task set: generate/load, validate, dedup, split.",
-                     TasksetConfig, STAGE, body, user_errors=(TasksetValidationError, TasksetEmptied))
+    return stage_cli(
+        argv,
+        prog,
+        "Build the verifiable task set: generate/load, validate, dedup, split.",
+        TasksetConfig,
+        STAGE,
+        body,
+        user_errors=(TasksetValidationError, TasksetEmptied),
+    )

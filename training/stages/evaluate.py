@@ -57,17 +57,20 @@ def open_engine(spec: str, cache: Path, cfg: EvalConfig) -> tuple[Any, Any, Prom
         except OSError:  # a folder without generation_config.json
             generation = None
         fmt = PromptFormat(tok, getattr(tok, "chat_settings", None), generation)
-        engine = VLLMRolloutEngine(str(cache), tok, stop_ids=fmt.stop_ids, seed=cfg.seed,
-                                   gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                                   max_model_len=cfg.vllm_max_model_len or None)
+        engine = VLLMRolloutEngine(
+            str(cache),
+            tok,
+            stop_ids=fmt.stop_ids,
+            seed=cfg.seed,
+            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            max_model_len=cfg.vllm_max_model_len or None,
+        )
         return engine, tok, fmt, cfg.vllm_max_model_len or context_limit(AutoConfig.from_pretrained(str(cache)))
     dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
     model, tok = models.load_model(spec, MODEL_SUBDIR, dtype=dtype, cache_dir=cache)
     model.to(device).eval()
     fmt = PromptFormat(tok, getattr(tok, "chat_settings", None), model.generation_config)
     return HFRolloutEngine(model, tok, batch_size=cfg.batch_size, stop_ids=fmt.stop_ids), tok, fmt, context_limit(model)
-
-
 
 
 def body(ctx: StageContext) -> dict[str, Any]:
@@ -82,8 +85,7 @@ def body(ctx: StageContext) -> dict[str, Any]:
     ctx.progress(f"holdout: {len(tasks)} tasks in {len(by_domain(tasks))} domains")
 
     rounds = rounds_history(ctx.run_uri)
-    candidate_stage = latest_policy_stage(rounds, cfg.baseline_stage) if cfg.candidate == "latest" \
-        else cfg.candidate
+    candidate_stage = latest_policy_stage(rounds, cfg.baseline_stage) if cfg.candidate == "latest" else cfg.candidate
     specs: dict[str, str] = {}
     if "://" in candidate_stage:
         specs["candidate"] = candidate_stage
@@ -91,7 +93,6 @@ def body(ctx: StageContext) -> dict[str, Any]:
         specs["candidate"] = ctx.input(candidate_stage).uri
     specs["sft"] = ctx.input(cfg.baseline_stage).uri
     if cfg.compare_champion:
-
         champ = champion(cfg.model_name)
         if champ is not None:
             specs["champion"] = champ.source
@@ -111,11 +112,17 @@ def body(ctx: StageContext) -> dict[str, Any]:
         engine, tok, fmt, context = open_engine(specs[name], ctx.workdir / f"model-{name}", cfg)
         models[name] = {"uri": specs[name], **evaluate_model(engine, tok, tasks, cfg, context, fmt)}
         del engine  # one model on the device at a time
-        ctx.progress(f"evaluated {name}", **{f"{name}_pass1_{d}": pass1_rate(models[name], d)
-                                              for d in models[name]["domains"]})
+        ctx.progress(
+            f"evaluated {name}", **{f"{name}_pass1_{d}": pass1_rate(models[name], d) for d in models[name]["domains"]}
+        )
 
-    report = {"run_id": ctx.run_id, "candidate_stage": candidate_stage, "config": cfg.to_dict(),
-              "models": models, "rounds": rounds}
+    report = {
+        "run_id": ctx.run_id,
+        "candidate_stage": candidate_stage,
+        "config": cfg.to_dict(),
+        "models": models,
+        "rounds": rounds,
+    }
     plots = plot_report(report, ctx.workdir / "plots")
     markdown = render_markdown(report)
     page = render_html(markdown, plots)
@@ -134,5 +141,6 @@ def body(ctx: StageContext) -> dict[str, Any]:
 
 
 def cli(argv: list[str], prog: str = "posttrain evaluate") -> int:
-    return stage_cli(argv, prog, "Evaluate the candidate, SFT baseline and champion on the holdout.", EvalConfig,
-                     STAGE, body)
+    return stage_cli(
+        argv, prog, "Evaluate the candidate, SFT baseline and champion on the holdout.", EvalConfig, STAGE, body
+    )

@@ -51,8 +51,9 @@ def render_verdict_markdown(verdict: dict[str, Any]) -> str:
     lines += ["", "| rule | reference | domain | dimension | decision | numbers |", "|---|---|---|---|---|---|"]
     for c in verdict.get("checks", []):
         nums = ", ".join(f"{k} {v:.4g}" for k, v in c["numbers"].items())
-        lines.append(f"| {c['rule']} | {c['reference']} | {c['domain']} | {c['metric']} | **{c['decision']}** "
-                     f"| {nums} |")
+        lines.append(
+            f"| {c['rule']} | {c['reference']} | {c['domain']} | {c['metric']} | **{c['decision']}** | {nums} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -45,17 +45,30 @@ def body(ctx: StageContext) -> dict[str, Any]:
         raise GateBlocked("the gate blocked this candidate: " + "; ".join(verdict["reasons"]))
     candidate = storage.require_manifest(verdict["candidate_uri"], "candidate")
     ctx.add_parent(candidate)
-    tags = {"posttrain.run_id": ctx.run_id, "posttrain.stage": verdict.get("candidate_stage", ""),
-            **cfg.version_tags}
-    champ = promote(candidate.uri, cfg.model_name, run_id=candidate.mlflow_run_id, tags=tags, alias=cfg.alias,
-                    model_id=candidate.extra.get("mlflow_model_id"))
-    ctx.writer.put_json({"model_name": champ.name, "version": champ.version, "alias": cfg.alias,
-                         "source": champ.source}, "promotion.json")
+    tags = {"posttrain.run_id": ctx.run_id, "posttrain.stage": verdict.get("candidate_stage", ""), **cfg.version_tags}
+    champ = promote(
+        candidate.uri,
+        cfg.model_name,
+        run_id=candidate.mlflow_run_id,
+        tags=tags,
+        alias=cfg.alias,
+        model_id=candidate.extra.get("mlflow_model_id"),
+    )
+    ctx.writer.put_json(
+        {"model_name": champ.name, "version": champ.version, "alias": cfg.alias, "source": champ.source},
+        "promotion.json",
+    )
     ctx.progress(f"promoted {champ.source} as {champ.name} v{champ.version} (alias {cfg.alias})")
     return {"model_name": champ.name, "version": champ.version, "alias": cfg.alias, "source": champ.source}
 
 
-
 def cli(argv: list[str], prog: str = "posttrain promote") -> int:
-    return stage_cli(argv, prog, "Register the gated candidate and move the champion alias.", PromoteConfig,
-                     STAGE, body, user_errors=(GateBlocked,))
+    return stage_cli(
+        argv,
+        prog,
+        "Register the gated candidate and move the champion alias.",
+        PromoteConfig,
+        STAGE,
+        body,
+        user_errors=(GateBlocked,),
+    )

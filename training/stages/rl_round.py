@@ -48,11 +48,13 @@ from training.rollout import resolve_engine
 from training.stage import StageContext, rl_round_stage
 
 
-def load_policy(ctx: StageContext, stage: str, device: torch.device,
-                dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+def load_policy(
+    ctx: StageContext, stage: str, device: torch.device, dtype: torch.dtype | None = None
+) -> tuple[Any, Any]:
     """The model and tokenizer an earlier stage of this run wrote, on `device`."""
-    model, tokenizer = models.load_model(ctx.input(stage).uri, "model", dtype=dtype,
-                                         cache_dir=ctx.workdir / f"model-{stage}")
+    model, tokenizer = models.load_model(
+        ctx.input(stage).uri, "model", dtype=dtype, cache_dir=ctx.workdir / f"model-{stage}"
+    )
     return model.to(device), tokenizer
 
 
@@ -65,11 +67,15 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     if world > 1 and cfg.lora.enabled and cfg.parallel.strategy == "fsdp":
         raise ValueError("rl_round: LoRA with parallel.strategy=fsdp is not supported; use ddp (adapters are small)")
     if world > 1 and cfg.max_turns > 1:
-        raise ValueError("rl_round: max_turns > 1 runs in one process for now (episodes are not sharded over "
-                         "ranks); use max_turns=1 under torchrun")
+        raise ValueError(
+            "rl_round: max_turns > 1 runs in one process for now (episodes are not sharded over "
+            "ranks); use max_turns=1 under torchrun"
+        )
     if world > 1 and cfg.vllm_tensor_parallel_size > 1:
-        raise ValueError("rl_round: under torchrun each rank runs its own vLLM engine on its own GPU "
-                         "(data-parallel engines); vllm_tensor_parallel_size > 1 needs a 1-process stage")
+        raise ValueError(
+            "rl_round: under torchrun each rank runs its own vLLM engine on its own GPU "
+            "(data-parallel engines); vllm_tensor_parallel_size > 1 needs a 1-process stage"
+        )
 
     # Policy (previous stage), the KL reference, tasks. With LoRA the frozen base is stored in the compute
     # precision and, adapters disabled, is the reference; without, the reference is the SFT model (offloadable).
@@ -92,22 +98,44 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     trainer, rollout_model = model, None
     if world > 1:
         # FSDP shards the policy in place; the hf engine needs whole weights, so it samples from a replica.
-        rollout_model = (copy.deepcopy(model).eval() if cfg.parallel.strategy == "fsdp"
-                         and resolve_engine(cfg.rollout_engine, device) == "hf" else None)
+        rollout_model = (
+            copy.deepcopy(model).eval()
+            if cfg.parallel.strategy == "fsdp" and resolve_engine(cfg.rollout_engine, device) == "hf"
+            else None
+        )
         trainer = distributed.wrap(model, cfg.parallel, device)
-    rnd = Round.build(cfg, round_, model, tokenizer, ref_model, ctx.tasks("train"), device, trainer=trainer,
-                      rollout_model=rollout_model)
-    holdout, holdout_dropped = fitting_tasks(rnd.fmt, holdout_subset(ctx.tasks("holdout"), cfg.holdout_per_domain),
-                                             limit)
-    ctx.progress(f"round {round_}: engine {rnd.engine_name}, precision {rnd.compute_dtype}, lora={cfg.lora.enabled}, "
-                 f"reference {reference}, prompts {'chat-rendered' if rnd.fmt.uses_template else 'plain'}, "
-                 f"stop ids {rnd.fmt.stop_ids}, {world} rank(s)"
-                 f"{' ' + cfg.parallel.strategy if world > 1 else ''}; "
-                 f"dropped over {limit} prompt tokens: {rnd.prompts_dropped} train, "
-                 f"{holdout_dropped} holdout", prompts_dropped_train=float(rnd.prompts_dropped),
-                 prompts_dropped_holdout=float(holdout_dropped))
-    ctx.mlflow.set_tags({"posttrain.rollout_engine": rnd.engine_name, "posttrain.reference": reference,
-                         "posttrain.lora": str(cfg.lora.enabled), "posttrain.precision": str(rnd.compute_dtype)})
+    rnd = Round.build(
+        cfg,
+        round_,
+        model,
+        tokenizer,
+        ref_model,
+        ctx.tasks("train"),
+        device,
+        trainer=trainer,
+        rollout_model=rollout_model,
+    )
+    holdout, holdout_dropped = fitting_tasks(
+        rnd.fmt, holdout_subset(ctx.tasks("holdout"), cfg.holdout_per_domain), limit
+    )
+    ctx.progress(
+        f"round {round_}: engine {rnd.engine_name}, precision {rnd.compute_dtype}, lora={cfg.lora.enabled}, "
+        f"reference {reference}, prompts {'chat-rendered' if rnd.fmt.uses_template else 'plain'}, "
+        f"stop ids {rnd.fmt.stop_ids}, {world} rank(s)"
+        f"{' ' + cfg.parallel.strategy if world > 1 else ''}; "
+        f"dropped over {limit} prompt tokens: {rnd.prompts_dropped} train, "
+        f"{holdout_dropped} holdout",
+        prompts_dropped_train=float(rnd.prompts_dropped),
+        prompts_dropped_holdout=float(holdout_dropped),
+    )
+    ctx.mlflow.set_tags(
+        {
+            "posttrain.rollout_engine": rnd.engine_name,
+            "posttrain.reference": reference,
+            "posttrain.lora": str(cfg.lora.enabled),
+            "posttrain.precision": str(rnd.compute_dtype),
+        }
+    )
 
     # Resume, or measure where the round starts.
     start_step, history = 0, []
@@ -121,8 +149,9 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
         ctx.progress(f"resumed from checkpoint step {start_step}")
     else:
         holdout_before, _ = holdout_check(rnd.engine, holdout, cfg.max_new_tokens, rnd.fmt)
-        ctx.progress(f"round {round_} starts from {prev}",
-                     **{f"holdout_before/{k}": v for k, v in holdout_before.items()})
+        ctx.progress(
+            f"round {round_} starts from {prev}", **{f"holdout_before/{k}": v for k, v in holdout_before.items()}
+        )
 
     t0 = time.monotonic()
     model.train()
@@ -132,23 +161,40 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
         metrics.update({f"curriculum/{k}": v for k, v in sorted(rnd.curriculum.rates.items())})
         # history is what a retried round must reproduce: no timings (step, phases) and no memory, which
         # differ run to run; MLflow gets them all
-        history.append({"step": done, **{k: v for k, v in metrics.items()
-                                          if not k.startswith(("curriculum/", "time/"))
-                                          and not k.endswith("_seconds")}})
+        history.append(
+            {
+                "step": done,
+                **{
+                    k: v
+                    for k, v in metrics.items()
+                    if not k.startswith(("curriculum/", "time/")) and not k.endswith("_seconds")
+                },
+            }
+        )
         ctx.progress("step", step=done, **metrics, **distributed.peak_memory_metrics(device))
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            checkpointing.save(ctx.stage_uri, done, trainer, rnd.optimizer, tokenizer,
-                               extra={"curriculum": dict(rnd.curriculum.rates), "holdout_before": holdout_before,
-                                      "history": history}, keep_last=cfg.keep_checkpoints)
+            checkpointing.save(
+                ctx.stage_uri,
+                done,
+                trainer,
+                rnd.optimizer,
+                tokenizer,
+                extra={"curriculum": dict(rnd.curriculum.rates), "holdout_before": holdout_before, "history": history},
+                keep_last=cfg.keep_checkpoints,
+            )
             ctx.progress(f"checkpoint step {done}")
     elapsed = time.monotonic() - t0
 
     # End of round: holdout check, samples table, the new policy.
     model.eval()
     holdout_after, holdout_rows = holdout_check(rnd.engine, holdout, cfg.max_new_tokens, rnd.fmt)
-    ctx.mlflow.log_metrics({**{f"holdout/{k}": v for k, v in holdout_after.items()},
-                            **{f"holdout_delta/{k}": holdout_after[k] - holdout_before.get(k, 0.0)
-                               for k in holdout_after}}, step=cfg.steps)
+    ctx.mlflow.log_metrics(
+        {
+            **{f"holdout/{k}": v for k, v in holdout_after.items()},
+            **{f"holdout_delta/{k}": holdout_after[k] - holdout_before.get(k, 0.0) for k in holdout_after},
+        },
+        step=cfg.steps,
+    )
     samples = rnd.last_rows + holdout_samples(holdout_rows, cfg.log_samples)
     ctx.mlflow.log_table(samples, "samples.json")
     ctx.writer.put_json(samples, "samples.json")
@@ -158,8 +204,9 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     final = distributed.gathered_model(trainer, cfg.parallel.weight_sync_bucket_mb)  # None on ranks other than 0
     if final is not None:
         models.save_checkpoint(final, tokenizer, ctx.writer, "model")
-    ctx.writer.put_json({"holdout_before": holdout_before, "holdout_after": holdout_after, "history": history},
-                        "round_report.json")
+    ctx.writer.put_json(
+        {"holdout_before": holdout_before, "holdout_after": holdout_after, "history": history}, "round_report.json"
+    )
     ctx.progress(f"round {round_} done", step=cfg.steps, **{f"holdout/{k}": v for k, v in holdout_after.items()})
     holdout_counts: dict[str, dict[str, int]] = {}
     for row in holdout_rows:
@@ -167,17 +214,28 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
         c["total"] += 1
         c["passed"] += int(row["reward"] > 0)
     rewards = [h["reward/all"] for h in history if "reward/all" in h]
-    return {"round": round_, "steps": cfg.steps, "resumed_from": start_step, "policy_from": prev,
-            "holdout_before": holdout_before, "holdout_after": holdout_after,
-            # holdout counts (the report's per-round plot) and the round's mean train reward (the gate's
-            # reward-hacking rule, read by evaluate into report.json's "rounds")
-            "holdout": holdout_counts, "train_reward_mean": sum(rewards) / max(1, len(rewards)),
-            # the gate's KL and entropy sanity rule: the round's mean KL to the reference and token entropy
-            "kl_ref_mean": _mean_of(history, "train/kl_ref"), "entropy_mean": _mean_of(history, "train/entropy"),
-            "final_train_metrics": history[-1] if history else {},
-            "rollout_engine": rnd.engine_name, "reference": reference, "lora": cfg.lora.enabled,
-            "prompts_dropped": {"train": rnd.prompts_dropped, "holdout": holdout_dropped},
-            "samples_per_s_this_attempt": rnd.samples_seen / max(elapsed, 1e-9), "world_size": world}
+    return {
+        "round": round_,
+        "steps": cfg.steps,
+        "resumed_from": start_step,
+        "policy_from": prev,
+        "holdout_before": holdout_before,
+        "holdout_after": holdout_after,
+        # holdout counts (the report's per-round plot) and the round's mean train reward (the gate's
+        # reward-hacking rule, read by evaluate into report.json's "rounds")
+        "holdout": holdout_counts,
+        "train_reward_mean": sum(rewards) / max(1, len(rewards)),
+        # the gate's KL and entropy sanity rule: the round's mean KL to the reference and token entropy
+        "kl_ref_mean": _mean_of(history, "train/kl_ref"),
+        "entropy_mean": _mean_of(history, "train/entropy"),
+        "final_train_metrics": history[-1] if history else {},
+        "rollout_engine": rnd.engine_name,
+        "reference": reference,
+        "lora": cfg.lora.enabled,
+        "prompts_dropped": {"train": rnd.prompts_dropped, "holdout": holdout_dropped},
+        "samples_per_s_this_attempt": rnd.samples_seen / max(elapsed, 1e-9),
+        "world_size": world,
+    }
 
 
 def _mean_of(history: list[dict[str, Any]], key: str) -> float | None:
@@ -192,11 +250,16 @@ def cli(argv: list[str], prog: str = "posttrain rl-round") -> int:
         return int(text)
 
     def round_argument(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--round", type=round_number, required=True,
-                            help="round number N >= 1 (stage rl_round_N)")
+        parser.add_argument("--round", type=round_number, required=True, help="round number N >= 1 (stage rl_round_N)")
 
     def bind(args: argparse.Namespace) -> tuple[str, Any]:
         return rl_round_stage(args.round), lambda ctx: run_round(ctx, args.round)
 
-    return stage_cli(argv, prog, "One GRPO round: rollouts, verifier rewards, group-relative policy update.",
-                     GRPOConfig, arguments=round_argument, bind=bind)
+    return stage_cli(
+        argv,
+        prog,
+        "One GRPO round: rollouts, verifier rewards, group-relative policy update.",
+        GRPOConfig,
+        arguments=round_argument,
+        bind=bind,
+    )

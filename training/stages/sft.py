@@ -130,10 +130,15 @@ class SFTConfig(ConfigBase):
     parallel: distributed.ParallelConfig = field(default_factory=distributed.ParallelConfig)
 
     def __post_init__(self) -> None:
-        if self.long_context_share < 0 or not self.long_context_fractions or any(
-                not 0 < f <= 1 for f in self.long_context_fractions):
-            raise ValueError(f"sft: long_context_share must be >= 0 and long_context_fractions in (0, 1], got "
-                             f"{self.long_context_share} and {self.long_context_fractions}")
+        if (
+            self.long_context_share < 0
+            or not self.long_context_fractions
+            or any(not 0 < f <= 1 for f in self.long_context_fractions)
+        ):
+            raise ValueError(
+                f"sft: long_context_share must be >= 0 and long_context_fractions in (0, 1], got "
+                f"{self.long_context_share} and {self.long_context_fractions}"
+            )
         if self.repair_share < 0:
             raise ValueError(f"sft: repair_share must be >= 0, got {self.repair_share}")
 
@@ -193,10 +198,10 @@ def collate(rows: list[list[Example]], max_len: int, pad_id: int) -> Batch:
         at = 0
         for j, ex in enumerate(row):
             n = len(ex.input_ids)
-            ids[i, at:at + n] = torch.tensor(ex.input_ids)
-            loss[i, at:at + n] = torch.tensor(ex.loss_mask)
-            pos[i, at:at + n] = torch.arange(n)
-            seg[i, at:at + n] = j
+            ids[i, at : at + n] = torch.tensor(ex.input_ids)
+            loss[i, at : at + n] = torch.tensor(ex.loss_mask)
+            pos[i, at : at + n] = torch.arange(n)
+            seg[i, at : at + n] = j
             at += n
         seg[i, at:] = torch.arange(len(row), len(row) + T - at)  # each pad token its own segment
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))  # (T, T)
@@ -206,8 +211,9 @@ def collate(rows: list[list[Example]], max_len: int, pad_id: int) -> Batch:
 
 def response_loss(model: Any, batch: Batch) -> tuple[torch.Tensor, int]:
     """Mean next-token cross-entropy over response tokens. Returns (loss, number of trained tokens)."""
-    logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                   attention_mask=batch.attention_mask).logits  # (N, T, V)
+    logits = model(
+        input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=batch.attention_mask
+    ).logits  # (N, T, V)
     targets = batch.input_ids[:, 1:]  # (N, T-1)
     mask = batch.loss_mask[:, 1:].float()  # (N, T-1) token t+1 is trained when it is a response token
     nll = torch.nn.functional.cross_entropy(
@@ -218,8 +224,9 @@ def response_loss(model: Any, batch: Batch) -> tuple[torch.Tensor, int]:
 
 
 # ----- model --------------------------------------------------------------------------------------------------
-def build_model(cfg: SFTConfig, tasks: list[Task], tokenizer_dir: Path | None = None,
-                dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+def build_model(
+    cfg: SFTConfig, tasks: list[Task], tokenizer_dir: Path | None = None, dtype: torch.dtype | None = None
+) -> tuple[Any, Any]:
     """The model to fine-tune: the tiny profile's (tokenizer trained on the corpus) or `base_model`, + LoRA.
     `dtype` is the storage dtype of the base weights (bf16 only for a frozen LoRA base)."""
     if cfg.base_model:
@@ -239,8 +246,9 @@ def build_model(cfg: SFTConfig, tasks: list[Task], tokenizer_dir: Path | None = 
     return model, tokenizer
 
 
-def encode_examples(fmt: PromptFormat, tasks: list[Task], max_seq_len: int,
-                    max_overlong_share: float) -> tuple[list[Example], list[tuple[str, int]]]:
+def encode_examples(
+    fmt: PromptFormat, tasks: list[Task], max_seq_len: int, max_overlong_share: float
+) -> tuple[list[Example], list[tuple[str, int]]]:
     """Chat-rendered examples that fit `max_seq_len`, and (task id, length) of those that do not (dropped,
     never cut). Raises ExamplesTooLong, naming the longest, when more than `max_overlong_share` do not fit."""
     kept: list[Example] = []
@@ -257,12 +265,14 @@ def encode_examples(fmt: PromptFormat, tasks: list[Task], max_seq_len: int,
             f"sft: {len(over)} of {len(tasks)} examples ({len(over) / len(tasks):.1%}) are longer than "
             f"max_seq_len={max_seq_len} tokens (allowed: {max_overlong_share:.1%}); the longest is task "
             f"{longest[0]!r} at {longest[1]} tokens. Raise max_seq_len (or max_overlong_share to drop them); "
-            f"examples are never truncated, since a cut answer loses its final answer line and its EOS.")
+            f"examples are never truncated, since a cut answer loses its final answer line and its EOS."
+        )
     return kept, over
 
 
-def long_context_examples(fmt: PromptFormat, tasks: list[Task], share: float, fractions: list[float],
-                          max_seq_len: int, seed: int) -> list[Example]:
+def long_context_examples(
+    fmt: PromptFormat, tasks: list[Task], share: float, fractions: list[float], max_seq_len: int, seed: int
+) -> list[Example]:
     """round(share * len(tasks)) extra examples: a task (drawn by seed) behind distractors of other tasks, the
     distractor length cycling through `fractions` of max_seq_len, cut to what fits; loss on the answer only."""
     rng = random.Random(f"long-context:{seed}")
@@ -279,8 +289,9 @@ def long_context_examples(fmt: PromptFormat, tasks: list[Task], share: float, fr
     return out
 
 
-def repair_examples(fmt: PromptFormat, tasks: list[Task], share: float, max_seq_len: int,
-                    seed: int, mirrors: bool = False) -> list[Example]:
+def repair_examples(
+    fmt: PromptFormat, tasks: list[Task], share: float, max_seq_len: int, seed: int, mirrors: bool = False
+) -> list[Example]:
     """round(share * n) extra examples over the n code tasks (those with a repair environment): the task, a
     near-miss attempt, the code-repair environment's real reply (its visible tests' failure, exactly what RL
     episodes and evaluation's self-repair show) as the next user turn, then the reference; loss on the reference
@@ -330,7 +341,7 @@ def train(ctx: StageContext) -> dict[str, Any]:
         raise ValueError("sft: LoRA with parallel.strategy=fsdp is not supported; use ddp (adapters are small)")
     tasks = [t for t in ctx.tasks("train") if t.reference and (not cfg.domains or t.domain in cfg.domains)]
     if cfg.max_examples:
-        tasks = tasks[:cfg.max_examples]
+        tasks = tasks[: cfg.max_examples]
     if not tasks:
         raise ValueError("sft: no training examples with a reference completion in the task set")
 
@@ -357,23 +368,36 @@ def train(ctx: StageContext) -> dict[str, Any]:
             raise RuntimeError("sft: the ranks built different tokenizers")
     fmt = PromptFormat(tokenizer, cfg.chat, model.generation_config)
     examples, overlong = encode_examples(fmt, tasks, cfg.max_seq_len, cfg.max_overlong_share)
-    long_context = long_context_examples(fmt, tasks, cfg.long_context_share, cfg.long_context_fractions,
-                                         cfg.max_seq_len, cfg.seed) if cfg.long_context_share > 0 else []
-    repairs = repair_examples(fmt, tasks, cfg.repair_share, cfg.max_seq_len, cfg.seed, cfg.repair_mirrors) \
-        if cfg.repair_share > 0 else []
+    long_context = (
+        long_context_examples(fmt, tasks, cfg.long_context_share, cfg.long_context_fractions, cfg.max_seq_len, cfg.seed)
+        if cfg.long_context_share > 0
+        else []
+    )
+    repairs = (
+        repair_examples(fmt, tasks, cfg.repair_share, cfg.max_seq_len, cfg.seed, cfg.repair_mirrors)
+        if cfg.repair_share > 0
+        else []
+    )
     examples += long_context + repairs
-    ctx.progress(f"{len(examples)} examples ({'chat template' if fmt.uses_template else 'plain text'}), "
-                 f"{len(overlong)} over max_seq_len={cfg.max_seq_len} dropped, "
-                 f"{len(long_context)} of them behind long-context distractors, {len(repairs)} repairing a "
-                 f"failed attempt, "
-                 f"{models.count_parameters(model):,} parameters, precision {compute_dtype}, "
-                 f"lora={cfg.lora.enabled}, gradient_checkpointing={cfg.gradient_checkpointing}, "
-                 f"{world} rank(s){' ' + cfg.parallel.strategy if world > 1 else ''}",
-                 step=start_step, examples_overlong=float(len(overlong)))
+    ctx.progress(
+        f"{len(examples)} examples ({'chat template' if fmt.uses_template else 'plain text'}), "
+        f"{len(overlong)} over max_seq_len={cfg.max_seq_len} dropped, "
+        f"{len(long_context)} of them behind long-context distractors, {len(repairs)} repairing a "
+        f"failed attempt, "
+        f"{models.count_parameters(model):,} parameters, precision {compute_dtype}, "
+        f"lora={cfg.lora.enabled}, gradient_checkpointing={cfg.gradient_checkpointing}, "
+        f"{world} rank(s){' ' + cfg.parallel.strategy if world > 1 else ''}",
+        step=start_step,
+        examples_overlong=float(len(overlong)),
+    )
     # What the model is trained on, as a person would check it: the rendered conversation, loss part marked.
-    samples = [{"text": tokenizer.decode(ex.input_ids),
-                "trained": tokenizer.decode([t for t, m in zip(ex.input_ids, ex.loss_mask) if m])}
-               for ex in examples[:8]]
+    samples = [
+        {
+            "text": tokenizer.decode(ex.input_ids),
+            "trained": tokenizer.decode([t for t, m in zip(ex.input_ids, ex.loss_mask) if m]),
+        }
+        for ex in examples[:8]
+    ]
     ctx.writer.put_json(samples, "sample_examples.json")
     ctx.mlflow.log_table(samples, "sample_examples.json")
 
@@ -389,15 +413,16 @@ def train(ctx: StageContext) -> dict[str, Any]:
         """The batch of step `step`: a pure function of (seed, step), so a resumed run replays the same data.
         Under N ranks, this rank's share of it (rows rank, rank+N, ...)."""
         epoch, k = divmod(step, steps_per_epoch)
-        rows = rows_for_epoch(epoch)[k * cfg.batch_size:(k + 1) * cfg.batch_size]
+        rows = rows_for_epoch(epoch)[k * cfg.batch_size : (k + 1) * cfg.batch_size]
         return collate(distributed.shard(rows), cfg.max_seq_len, tokenizer.pad_token_id)
 
     t0, tokens_seen, loss_sum, loss_n = time.monotonic(), 0, 0.0, 0
     last_loss = float("nan")
     for step in range(start_step, cfg.max_steps):
         batch = batch_at(step)
-        batch = Batch(*(x.to(device) for x in (batch.input_ids, batch.loss_mask, batch.position_ids,
-                                                 batch.attention_mask)))
+        batch = Batch(
+            *(x.to(device) for x in (batch.input_ids, batch.loss_mask, batch.position_ids, batch.attention_mask))
+        )
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -414,7 +439,8 @@ def train(ctx: StageContext) -> dict[str, Any]:
             loss.backward()
             step_loss = loss.item()
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in model.parameters() if p.requires_grad], cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            [p for p in model.parameters() if p.requires_grad], cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        )
         optimizer.step()
         tokens_seen += n_tok
         loss_sum, loss_n, last_loss = loss_sum + step_loss, loss_n + 1, step_loss
@@ -422,9 +448,15 @@ def train(ctx: StageContext) -> dict[str, Any]:
         if done % cfg.log_every == 0 or done == cfg.max_steps:
             elapsed = time.monotonic() - t0
             # Peak memory is monotone, so logging it every log_every steps loses nothing between logs.
-            ctx.progress("train", step=done, loss=loss_sum / loss_n, lr=lr, grad_norm=distributed.scalar(grad_norm),
-                         response_tokens_per_s=tokens_seen / max(elapsed, 1e-9),
-                         **distributed.peak_memory_metrics(device))
+            ctx.progress(
+                "train",
+                step=done,
+                loss=loss_sum / loss_n,
+                lr=lr,
+                grad_norm=distributed.scalar(grad_norm),
+                response_tokens_per_s=tokens_seen / max(elapsed, 1e-9),
+                **distributed.peak_memory_metrics(device),
+            )
             loss_sum, loss_n = 0.0, 0
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.max_steps:
             checkpointing.save(ctx.stage_uri, done, trainer, optimizer, tokenizer, keep_last=cfg.keep_checkpoints)
@@ -435,9 +467,16 @@ def train(ctx: StageContext) -> dict[str, Any]:
     final = distributed.gathered_model(trainer, cfg.parallel.weight_sync_bucket_mb)  # None on ranks other than 0
     if final is not None:
         models.save_checkpoint(final, tokenizer, ctx.writer, "model")
-    return {"steps": cfg.max_steps, "final_loss": last_loss, "examples": len(examples),
-            "examples_overlong_dropped": len(overlong), "chat_template": fmt.uses_template,
-            "parameters": parameters, "resumed_from": start_step, "world_size": world}
+    return {
+        "steps": cfg.max_steps,
+        "final_loss": last_loss,
+        "examples": len(examples),
+        "examples_overlong_dropped": len(overlong),
+        "chat_template": fmt.uses_template,
+        "parameters": parameters,
+        "resumed_from": start_step,
+        "world_size": world,
+    }
 
 
 def check_memory(model: Any, cfg: SFTConfig, device: torch.device, world: int) -> None:
@@ -446,11 +485,22 @@ def check_memory(model: Any, cfg: SFTConfig, device: torch.device, world: int) -
         return
     params = list(model.parameters())
     estimate = distributed.estimate_memory(
-        sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad),
-        params[0].element_size(), world, cfg.parallel.strategy)
+        sum(p.numel() for p in params),
+        sum(p.numel() for p in params if p.requires_grad),
+        params[0].element_size(),
+        world,
+        cfg.parallel.strategy,
+    )
     distributed.check_fits(estimate, distributed.device_capacity(device), cfg.parallel.memory_headroom, "sft")
 
 
 def cli(argv: list[str], prog: str = "posttrain sft") -> int:
-    return stage_cli(argv, prog, "Supervised fine-tuning on the task set's reference completions.", SFTConfig,
-                     STAGE, train, user_errors=(ExamplesTooLong,))
+    return stage_cli(
+        argv,
+        prog,
+        "Supervised fine-tuning on the task set's reference completions.",
+        SFTConfig,
+        STAGE,
+        train,
+        user_errors=(ExamplesTooLong,),
+    )

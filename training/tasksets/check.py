@@ -16,11 +16,14 @@ from training.tasksets.validate import Validator, check_file, write_quarantine
 
 def check_cli(argv: list[str], prog: str) -> int:
     parser = argparse.ArgumentParser(
-        prog=prog, description="Validate task files (JSONL/parquet): one `FILE:ROW: field 'X': problem` line per "
-                               "error, exit 2 if any (0 with --quarantine, the bad rows written aside).")
+        prog=prog,
+        description="Validate task files (JSONL/parquet): one `FILE:ROW: field 'X': problem` line per "
+        "error, exit 2 if any (0 with --quarantine, the bad rows written aside).",
+    )
     parser.add_argument("files", nargs="+", metavar="FILE", help="task file(s): .jsonl or .parquet")
-    parser.add_argument("--quarantine", metavar="OUT", default=None,
-                        help="write bad rows to OUT (JSONL) instead of failing")
+    parser.add_argument(
+        "--quarantine", metavar="OUT", default=None, help="write bad rows to OUT (JSONL) instead of failing"
+    )
     parser.add_argument("--max-errors", type=int, default=50, help="errors printed per file (default 50)")
     args = parser.parse_args(argv)
     bad_rows = []
@@ -28,13 +31,16 @@ def check_cli(argv: list[str], prog: str) -> int:
     validator = Validator()
     for name in args.files:
         result = check_file(Path(name), validator)
-        for err in result.errors[:args.max_errors]:
+        for err in result.errors[: args.max_errors]:
             print(err)
         if len(result.errors) > args.max_errors:
             print(f"{name}: ... and {len(result.errors) - args.max_errors} more error(s)")
         file_level = any(e.row is None for e in result.errors)
-        print(f"{name}: {result.rows} row(s), {len(result.tasks)} valid, {len(result.bad)} invalid, "
-              f"{len(result.errors)} error(s)", file=sys.stderr)
+        print(
+            f"{name}: {result.rows} row(s), {len(result.tasks)} valid, {len(result.bad)} invalid, "
+            f"{len(result.errors)} error(s)",
+            file=sys.stderr,
+        )
         bad_rows += result.bad
         if file_level or (result.errors and not args.quarantine):
             rc = 2
@@ -47,8 +53,9 @@ def check_cli(argv: list[str], prog: str) -> int:
 def cli(argv: list[str], prog: str) -> int:
     parser = argparse.ArgumentParser(prog=prog, description="Task-set tools.")
     sub = parser.add_subparsers(dest="tool", metavar="TOOL")
-    sub.add_parser("check", help="validate task files (JSONL/parquet): FILE:ROW: field errors, exit 2 if any",
-                   add_help=False)
+    sub.add_parser(
+        "check", help="validate task files (JSONL/parquet): FILE:ROW: field errors, exit 2 if any", add_help=False
+    )
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2

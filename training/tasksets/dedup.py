@@ -48,7 +48,7 @@ def tokens(text: str) -> list[str]:
 def _grams(toks: list[str], n: int) -> set[str]:
     if len(toks) <= n:
         return {" ".join(toks)} if toks else set()
-    return {" ".join(toks[i:i + n]) for i in range(len(toks) - n + 1)}
+    return {" ".join(toks[i : i + n]) for i in range(len(toks) - n + 1)}
 
 
 def ngrams(text: str, n: int, common: set[str] | frozenset[str] = frozenset()) -> set[str]:
@@ -60,8 +60,8 @@ def ngrams(text: str, n: int, common: set[str] | frozenset[str] = frozenset()) -
         return grams - common if common else grams
     covered = [False] * len(toks)
     for i in range(len(toks) - n + 1):
-        if " ".join(toks[i:i + n]) in common:
-            covered[i:i + n] = [True] * n
+        if " ".join(toks[i : i + n]) in common:
+            covered[i : i + n] = [True] * n
     return _grams([t for t, c in zip(toks, covered) if not c], n)
 
 
@@ -83,12 +83,24 @@ def dedup(tasks: Sequence[Task], max_examples: int = 10) -> tuple[list[Task], di
         else:
             near += 1
             if len(examples) < max_examples:
-                examples.append({"kept": seen.id, "dropped": task.id, "kept_prompt": seen.prompt[:200],
-                                 "dropped_prompt": task.prompt[:200]})
+                examples.append(
+                    {
+                        "kept": seen.id,
+                        "dropped": task.id,
+                        "kept_prompt": seen.prompt[:200],
+                        "dropped_prompt": task.prompt[:200],
+                    }
+                )
         if seen.answer != task.answer:
             conflicts += 1
-    return kept, {"input": len(tasks), "kept": len(kept), "exact_duplicates": exact, "near_duplicates": near,
-                  "conflicting_answers": conflicts, "near_examples": examples}
+    return kept, {
+        "input": len(tasks),
+        "kept": len(kept),
+        "exact_duplicates": exact,
+        "near_duplicates": near,
+        "conflicting_answers": conflicts,
+        "near_examples": examples,
+    }
 
 
 def common_ngrams(prompts: Sequence[str], n: int, min_prompts: int) -> set[str]:
@@ -101,8 +113,14 @@ def common_ngrams(prompts: Sequence[str], n: int, min_prompts: int) -> set[str]:
     return {gram for gram, k in counts.items() if k >= min_prompts}
 
 
-def overlap_filter(train: Sequence[Task], holdout: Sequence[Task], n: int = 13, drop: bool = True,
-                   max_examples: int = 10, common_min_prompts: int = 0) -> tuple[list[Task], dict[str, Any]]:
+def overlap_filter(
+    train: Sequence[Task],
+    holdout: Sequence[Task],
+    n: int = 13,
+    drop: bool = True,
+    max_examples: int = 10,
+    common_min_prompts: int = 0,
+) -> tuple[list[Task], dict[str, Any]]:
     """Train tasks without any word n-gram of a holdout prompt (all of them when drop=False), plus a report.
 
     N-grams found in at least `common_min_prompts` prompts of train and holdout together are common: text every
@@ -127,6 +145,13 @@ def overlap_filter(train: Sequence[Task], holdout: Sequence[Task], n: int = 13, 
             examples.append({"train_id": task.id, "holdout_id": index[hit], "ngram": hit[:200]})
         if not drop:
             kept.append(task)
-    return kept, {"ngram": n, "train_checked": len(train), "holdout_grams": len(index), "contaminated": hits,
-                  "dropped": hits if drop else 0, "common_ngrams_ignored": len(common),
-                  "common_min_prompts": common_min_prompts, "examples": examples}
+    return kept, {
+        "ngram": n,
+        "train_checked": len(train),
+        "holdout_grams": len(index),
+        "contaminated": hits,
+        "dropped": hits if drop else 0,
+        "common_ngrams_ignored": len(common),
+        "common_min_prompts": common_min_prompts,
+        "examples": examples,
+    }

@@ -134,8 +134,12 @@ _CODE: dict[int, list[_Tpl]] = {
         ("the min of {v} minus {k}", "min({v})-{k}", lambda k: lambda xs: min(xs) - k, "list"),
         ("the length of {v} plus {k}", "len({v})+{k}", lambda k: lambda xs: len(xs) + k, "list"),
         ("each item of {v} plus {k}", "[i+{k} for i in {v}]", lambda k: lambda xs: [i + k for i in xs], "list"),
-        ("the items of {v} above {k2}", "[i for i in {v} if i>{k2}]",
-         lambda k2: lambda xs: [i for i in xs if i > k2], "list"),
+        (
+            "the items of {v} above {k2}",
+            "[i for i in {v} if i>{k2}]",
+            lambda k2: lambda xs: [i for i in xs if i > k2],
+            "list",
+        ),
         ("{v} sorted", "sorted({v})", lambda: lambda xs: sorted(xs), "list"),
     ],
     5: [
@@ -164,8 +168,11 @@ _CODE: dict[int, list[_Tpl]] = {
         ("{v} trimmed by {k2}", "{v}[:-{k2}]", lambda k2: lambda s: s[:-k2], "str"),
     ],
 }
-_VARS = {"int": ("x", "n", "a", "y", "k", "m"), "str": ("s", "t", "w", "u", "z"),
-         "list": ("xs", "ys", "ns", "vs", "ws")}
+_VARS = {
+    "int": ("x", "n", "a", "y", "k", "m"),
+    "str": ("s", "t", "w", "u", "z"),
+    "list": ("xs", "ys", "ns", "vs", "ws"),
+}
 _LETTERS = "abcdef"  # test strings are made of these, so count/startswith/in tests are not all-False
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz-_.*#"
 
@@ -174,8 +181,7 @@ def _code_args(rng: random.Random, kind: str, longest: int = 6) -> list[tuple[An
     if kind == "int":
         return [(v,) for v in rng.sample(range(-9, 30), 4)]
     if kind == "str":
-        return [("".join(rng.choice(_LETTERS) for _ in range(rng.randint(0 if i else 1, longest))),)
-                for i in range(4)]
+        return [("".join(rng.choice(_LETTERS) for _ in range(rng.randint(0 if i else 1, longest))),) for i in range(4)]
     return [([rng.randint(-5, 20) for _ in range(rng.randint(1, 5))],) for _ in range(4)]  # "list"
 
 
@@ -188,8 +194,10 @@ def _code_task(rng: random.Random, level: int) -> tuple[str, Callable[[], dict[s
     prompt = f"Write f({var}) returning {prompt_t.format(**fill)}."
 
     def finish() -> dict[str, Any]:  # only for prompts not seen yet: the tests are the costly part
-        fn, others = _function(make, params), [_function(m, params) for p, b, m, _ in _CODE[level]
-                                               if p == prompt_t and b != body_t]
+        fn, others = (
+            _function(make, params),
+            [_function(m, params) for p, b, m, _ in _CODE[level] if p == prompt_t and b != body_t],
+        )
         args = _code_args(rng, kind)
         if others:  # a prompt with two readings: the first (visible) test must tell them apart, or no failure
             longest = max(6, k2 + 3)  # can say which reading was meant ("cut by 8" needs 9+ chars)
@@ -199,25 +207,112 @@ def _code_task(rng: random.Random, level: int) -> tuple[str, Callable[[], dict[s
                 args = _code_args(rng, kind, longest)
         tests = [{"call": f"f({', '.join(repr(a) for a in arg)})", "expected": fn(*arg)} for arg in args]
         # the first two are visible (an environment runs them and shows the result); all four are hidden
-        return {"prompt": prompt, "reference": f"def f({var}): return {body_t.format(**fill)}", "tests": tests,
-                "metadata": {"visible_tests": tests[:VISIBLE_CODE_TESTS]}}
+        return {
+            "prompt": prompt,
+            "reference": f"def f({var}): return {body_t.format(**fill)}",
+            "tests": tests,
+            "metadata": {"visible_tests": tests[:VISIBLE_CODE_TESTS]},
+        }
 
     return prompt, finish
 
 
 def _function(make: Callable[..., Callable[..., Any]], params: dict[str, Any]) -> Callable[..., Any]:
     """A template's python function for these parameters (`make` names the ones it takes)."""
-    return make(*(params[n] for n in make.__code__.co_varnames[:make.__code__.co_argcount]))
+    return make(*(params[n] for n in make.__code__.co_varnames[: make.__code__.co_argcount]))
 
 
 # ----- extraction ---------------------------------------------------------------------------------------------
-_NAMES = ("Bob", "Ann", "Eve", "Tom", "Sam", "Max", "Zoe", "Ida", "Leo", "Mia", "Ben", "Amy", "Dan", "Kim",
-          "Joe", "Liz", "Ray", "Una", "Vic", "Wes", "Ada", "Cal", "Dee", "Fay", "Gus", "Hal", "Ivy", "Jan",
-          "Ali", "Bea", "Cy", "Dot", "Eli", "Flo", "Gil", "Hana", "Ian", "Jo", "Kai", "Lou", "Mo", "Ned", "Ola",
-          "Pam", "Quin", "Rex", "Sue", "Ted", "Uma", "Val", "Wu", "Xia", "Yan", "Zed", "Abe", "Bo")
-_CITIES = ("Oslo", "Rome", "Lima", "Kyiv", "Bern", "Doha", "Riga", "Baku", "Nice", "Pisa", "Cork", "Graz",
-           "Turin", "Porto", "Malmo", "Split", "Paris", "Cairo", "Delhi", "Quito", "Sofia", "Tunis", "Hanoi",
-           "Dakar", "Minsk", "Perth", "Omaha", "Leeds", "Basel", "Gent")
+_NAMES = (
+    "Bob",
+    "Ann",
+    "Eve",
+    "Tom",
+    "Sam",
+    "Max",
+    "Zoe",
+    "Ida",
+    "Leo",
+    "Mia",
+    "Ben",
+    "Amy",
+    "Dan",
+    "Kim",
+    "Joe",
+    "Liz",
+    "Ray",
+    "Una",
+    "Vic",
+    "Wes",
+    "Ada",
+    "Cal",
+    "Dee",
+    "Fay",
+    "Gus",
+    "Hal",
+    "Ivy",
+    "Jan",
+    "Ali",
+    "Bea",
+    "Cy",
+    "Dot",
+    "Eli",
+    "Flo",
+    "Gil",
+    "Hana",
+    "Ian",
+    "Jo",
+    "Kai",
+    "Lou",
+    "Mo",
+    "Ned",
+    "Ola",
+    "Pam",
+    "Quin",
+    "Rex",
+    "Sue",
+    "Ted",
+    "Uma",
+    "Val",
+    "Wu",
+    "Xia",
+    "Yan",
+    "Zed",
+    "Abe",
+    "Bo",
+)
+_CITIES = (
+    "Oslo",
+    "Rome",
+    "Lima",
+    "Kyiv",
+    "Bern",
+    "Doha",
+    "Riga",
+    "Baku",
+    "Nice",
+    "Pisa",
+    "Cork",
+    "Graz",
+    "Turin",
+    "Porto",
+    "Malmo",
+    "Split",
+    "Paris",
+    "Cairo",
+    "Delhi",
+    "Quito",
+    "Sofia",
+    "Tunis",
+    "Hanoi",
+    "Dakar",
+    "Minsk",
+    "Perth",
+    "Omaha",
+    "Leeds",
+    "Basel",
+    "Gent",
+)
 _STR, _INT = {"type": "string"}, {"type": "integer"}
 
 
@@ -257,13 +352,36 @@ def _extraction_task(rng: random.Random, level: int) -> tuple[str, Callable[[], 
             prompt = f"Extract name and birth year as JSON: {name} is {age} in {year}."
             obj, props = {"name": name, "born": year - age}, {"name": _STR, "born": _INT}
     text = json.dumps(obj, separators=(",", ":"))  # compact: fewer tokens for the tiny model
-    return prompt, lambda: {"prompt": prompt, "reference": text, "answer": text,
-                            "metadata": {"schema": _schema(props)}}
+    return prompt, lambda: {"prompt": prompt, "reference": text, "answer": text, "metadata": {"schema": _schema(props)}}
 
 
 # ----- instruction following -----------------------------------------------------------------------------------
-_IF_WORDS = ("red", "sun", "cat", "dog", "sky", "tea", "map", "box", "owl", "fig", "ice", "jam", "key", "pen",
-             "cup", "bee", "oak", "ant", "egg", "fox", "hat", "ink", "kit", "log")
+_IF_WORDS = (
+    "red",
+    "sun",
+    "cat",
+    "dog",
+    "sky",
+    "tea",
+    "map",
+    "box",
+    "owl",
+    "fig",
+    "ice",
+    "jam",
+    "key",
+    "pen",
+    "cup",
+    "bee",
+    "oak",
+    "ant",
+    "egg",
+    "fox",
+    "hat",
+    "ink",
+    "kit",
+    "log",
+)
 
 
 def _instruction_task(rng: random.Random, level: int) -> tuple[str, Callable[[], dict[str, Any]]]:
@@ -280,31 +398,44 @@ def _instruction_task(rng: random.Random, level: int) -> tuple[str, Callable[[],
         else:
             prompt = f"Say {listed}, lowercase, no commas" + (", under 5 words." if level == 3 else ".")
             reference = listed
-            constraints = [{"id": exist, "keywords": words}, {"id": "change_case:english_lowercase"},
-                           {"id": "punctuation:no_comma"}]
+            constraints = [
+                {"id": exist, "keywords": words},
+                {"id": "change_case:english_lowercase"},
+                {"id": "punctuation:no_comma"},
+            ]
             if level == 3:
-                constraints.append({"id": "length_constraints:number_words", "relation": "less than",
-                                    "num_words": 5})
+                constraints.append({"id": "length_constraints:number_words", "relation": "less than", "num_words": 5})
     elif level == 4:
         k1, k2, v1, v2 = rng.sample(_IF_WORDS, 4)
         prompt = f"JSON with keys {k1} {k2}, values {v1} {v2}."
         reference = json.dumps({k1: v1, k2: v2}, separators=(",", ":"))
-        constraints = [{"id": "detectable_format:json_format", "keys": [k1, k2]},
-                       {"id": exist, "keywords": [v1, v2]}]
+        constraints = [{"id": "detectable_format:json_format", "keys": [k1, k2]}, {"id": exist, "keywords": [v1, v2]}]
     else:
         w1, w2, end = rng.sample(_IF_WORDS, 3)
         prompt = f"Say {w1} {w2} in caps, no commas, end with {end}."
         reference = f"{w1} {w2} {end}".upper()
-        constraints = [{"id": exist, "keywords": [w1, w2]}, {"id": "change_case:english_capital"},
-                       {"id": "punctuation:no_comma"}, {"id": "startend:end_checker", "end_phrase": end.upper()},
-                       {"id": "length_constraints:number_words", "relation": "less than", "num_words": 6}]
-    return prompt, lambda: {"prompt": prompt, "reference": reference, "answer": None,
-                            "metadata": {"constraints": constraints}}
+        constraints = [
+            {"id": exist, "keywords": [w1, w2]},
+            {"id": "change_case:english_capital"},
+            {"id": "punctuation:no_comma"},
+            {"id": "startend:end_checker", "end_phrase": end.upper()},
+            {"id": "length_constraints:number_words", "relation": "less than", "num_words": 6},
+        ]
+    return prompt, lambda: {
+        "prompt": prompt,
+        "reference": reference,
+        "answer": None,
+        "metadata": {"constraints": constraints},
+    }
 
 
 # A maker draws one task: (prompt, finish) where finish() builds the rest of the record.
 _MAKERS: dict[str, Callable[[random.Random, int], tuple[str, Callable[[], dict[str, Any]]]]] = {
-    "math": _math_task, "code": _code_task, "extraction": _extraction_task, "instruction": _instruction_task}
+    "math": _math_task,
+    "code": _code_task,
+    "extraction": _extraction_task,
+    "instruction": _instruction_task,
+}
 
 
 def generate(domain: str, n: int, seed: int, difficulties: tuple[int, ...] = (1, 2, 3, 4, 5)) -> list[Task]:
@@ -314,8 +445,9 @@ def generate(domain: str, n: int, seed: int, difficulties: tuple[int, ...] = (1,
         raise ValueError(f"unknown generator domain {domain!r}; known: {', '.join(_MAKERS)}")
     levels = tuple(int(d) for d in difficulties)
     if not levels or any(not MIN_DIFFICULTY <= d <= MAX_DIFFICULTY for d in levels):
-        raise ValueError(f"difficulties must be a non-empty subset of {MIN_DIFFICULTY}..{MAX_DIFFICULTY}, "
-                         f"got {difficulties!r}")
+        raise ValueError(
+            f"difficulties must be a non-empty subset of {MIN_DIFFICULTY}..{MAX_DIFFICULTY}, got {difficulties!r}"
+        )
     make, verifier = _MAKERS[domain], DOMAIN_VERIFIER[domain]
     rng = random.Random(f"{domain}:{seed}")
     source = f"synthetic:{domain}@seed={seed}"
@@ -329,7 +461,18 @@ def generate(domain: str, n: int, seed: int, difficulties: tuple[int, ...] = (1,
                 break
         seen.add(prompt)
         item = finish()
-        tasks.append(Task(id=f"{domain}-{seed}-{i}", domain=domain, prompt=item["prompt"], verifier=verifier,
-                          reference=item["reference"], answer=item.get("answer"), tests=item.get("tests", []),
-                          difficulty=level, source=source, metadata=item.get("metadata", {})))
+        tasks.append(
+            Task(
+                id=f"{domain}-{seed}-{i}",
+                domain=domain,
+                prompt=item["prompt"],
+                verifier=verifier,
+                reference=item["reference"],
+                answer=item.get("answer"),
+                tests=item.get("tests", []),
+                difficulty=level,
+                source=source,
+                metadata=item.get("metadata", {}),
+            )
+        )
     return tasks

@@ -50,8 +50,7 @@ def source_label(spec: SourceSpec) -> str:
 
 
 def _is_local(path: str) -> bool:
-    return Path(path).suffix.lower() in (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv") or \
-        Path(path).exists()
+    return Path(path).suffix.lower() in (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv") or Path(path).exists()
 
 
 def _records(spec: SourceSpec, cache_dir: str | None) -> Iterator[RawRow]:
@@ -68,8 +67,9 @@ def _records(spec: SourceSpec, cache_dir: str | None) -> Iterator[RawRow]:
     datasets.disable_progress_bars()
     try:
         if path.exists():
-            fmt = {".pq": "parquet", ".jsonl": "json", ".ndjson": "json"}.get(path.suffix.lower(),
-                                                                              path.suffix.lower().lstrip("."))
+            fmt = {".pq": "parquet", ".jsonl": "json", ".ndjson": "json"}.get(
+                path.suffix.lower(), path.suffix.lower().lstrip(".")
+            )
             ds = datasets.load_dataset(fmt, data_files=str(path), split="train", cache_dir=cache_dir)
         else:  # hub datasets use the shared HF cache (HF_HOME), so a re-run does not download again
             ds = datasets.load_dataset(spec.path, spec.name, split=spec.split)
@@ -128,8 +128,14 @@ def _gsm8k(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
     steps, _, final = solution.rpartition("####")
     final = final.strip().replace(",", "")
     n_steps = len([line for line in steps.strip().splitlines() if line.strip()])
-    return {"prompt": rec.get("question"), "answer": final, "reference": _CALC_RE.sub("", solution).strip(),
-            "domain": "math", "verifier": "math", "difficulty": min(max(n_steps - 1, 1), 5)}
+    return {
+        "prompt": rec.get("question"),
+        "answer": final,
+        "reference": _CALC_RE.sub("", solution).strip(),
+        "domain": "math",
+        "verifier": "math",
+        "difficulty": min(max(n_steps - 1, 1), 5),
+    }
 
 
 _LEVEL_RE = re.compile(r"(\d+)")
@@ -143,9 +149,15 @@ def _math(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
     meta: dict[str, Any] = {"answer_format": "boxed"}
     if rec.get("type"):
         meta["subject"] = str(rec["type"])
-    return {"prompt": problem, "answer": _last_boxed(solution), "reference": solution, "domain": "math",
-            "verifier": "math", "metadata": meta,
-            "difficulty": min(max(int(level.group(1)), 1), 5) if level else 1}
+    return {
+        "prompt": problem,
+        "answer": _last_boxed(solution),
+        "reference": solution,
+        "domain": "math",
+        "verifier": "math",
+        "metadata": meta,
+        "difficulty": min(max(int(level.group(1)), 1), 5) if level else 1,
+    }
 
 
 def _mbpp(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
@@ -166,10 +178,16 @@ def _mbpp(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
         meta["visible_tests"] = _tests_or_program([tests_src[0]], setup)
     except ValueError:
         pass  # the full set already parsed, so a lone first assert that does not is left unshown
-    return {"prompt": prompt, "reference": code.replace("\r\n", "\n"), "tests": tests, "domain": "code",
-            "verifier": "code", "metadata": meta,
-            "difficulty": min(max(len(code.strip().splitlines()) // 4 + 1, 1), 5),
-            "_key": rec.get("task_id")}
+    return {
+        "prompt": prompt,
+        "reference": code.replace("\r\n", "\n"),
+        "tests": tests,
+        "domain": "code",
+        "verifier": "code",
+        "metadata": meta,
+        "difficulty": min(max(len(code.strip().splitlines()) // 4 + 1, 1), 5),
+        "_key": rec.get("task_id"),
+    }
 
 
 def _humaneval(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
@@ -178,8 +196,7 @@ def _humaneval(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
         raise _FieldError("entry_point", "missing (required for humaneval)")
     prompt = rec.get("prompt")
     # the whole check(candidate), run as written; the prompt is its setup (helpers a check may call)
-    tests = {"program": rec.get("test") or "", "entry_point": entry,
-             "setup": prompt if isinstance(prompt, str) else ""}
+    tests = {"program": rec.get("test") or "", "entry_point": entry, "setup": prompt if isinstance(prompt, str) else ""}
 
     problem = tests_problem(tests)
     if problem:
@@ -189,10 +206,16 @@ def _humaneval(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
     shown = docstring_examples(prompt, entry) if isinstance(prompt, str) else []
     if shown:  # the docstring's examples are visible (a repair episode runs them); check(candidate) is hidden
         meta["visible_tests"] = shown
-    return {"prompt": prompt, "reference": solution, "tests": tests, "domain": "code", "verifier": "code",
-            "metadata": meta,
-            "difficulty": min(max(len(solution.strip().splitlines()) // 4 + 1, 1), 5),
-            "id": f"{spec.id_prefix}{rec['task_id']}" if rec.get("task_id") is not None else None}
+    return {
+        "prompt": prompt,
+        "reference": solution,
+        "tests": tests,
+        "domain": "code",
+        "verifier": "code",
+        "metadata": meta,
+        "difficulty": min(max(len(solution.strip().splitlines()) // 4 + 1, 1), 5),
+        "id": f"{spec.id_prefix}{rec['task_id']}" if rec.get("task_id") is not None else None,
+    }
 
 
 def docstring_examples(prompt: str, entry_point: str) -> list[dict[str, Any]]:
@@ -231,9 +254,16 @@ def _mapped(rec: dict[str, Any], spec: SourceSpec) -> dict[str, Any]:
             raise _FieldError(column, f"missing (mapped to Task field {name!r})")
     if "answer" in out:
         out["answer"] = _text(out["answer"])
-    if isinstance(out.get("tests"), (str, list)) and out["tests"] and (
-            isinstance(out["tests"], str) and out["tests"].lstrip().startswith("assert")
-            or isinstance(out["tests"], list) and all(isinstance(t, str) for t in out["tests"])):
+    if (
+        isinstance(out.get("tests"), (str, list))
+        and out["tests"]
+        and (
+            isinstance(out["tests"], str)
+            and out["tests"].lstrip().startswith("assert")
+            or isinstance(out["tests"], list)
+            and all(isinstance(t, str) for t in out["tests"])
+        )
+    ):
         try:
             out["tests"] = _tests_or_program(out["tests"])
         except ValueError as err:
@@ -250,7 +280,11 @@ class _FieldError(ValueError):
 
 
 ADAPTERS: dict[str, Callable[[dict[str, Any], SourceSpec], dict[str, Any]]] = {
-    "tasks": lambda rec, spec: dict(rec), "gsm8k": _gsm8k, "math": _math, "mbpp": _mbpp, "humaneval": _humaneval,
+    "tasks": lambda rec, spec: dict(rec),
+    "gsm8k": _gsm8k,
+    "math": _math,
+    "mbpp": _mbpp,
+    "humaneval": _humaneval,
     "mapped": _mapped,
 }
 _DEFAULT_DOMAIN = {"gsm8k": "math", "math": "math", "mbpp": "code", "humaneval": "code"}

@@ -14,8 +14,7 @@ DOMAINS = ("math", "code", "extraction", "instruction")
 MIN_DIFFICULTY, MAX_DIFFICULTY = 1, 5
 
 # Column order in parquet files; also the field order a `taskset check` error walks through.
-COLUMNS = ("id", "domain", "prompt", "verifier", "reference", "answer", "tests", "difficulty", "source",
-           "metadata")
+COLUMNS = ("id", "domain", "prompt", "verifier", "reference", "answer", "tests", "difficulty", "source", "metadata")
 
 
 @dataclass(frozen=True)
@@ -50,21 +49,33 @@ class Task:
 
     def to_row(self) -> dict[str, Any]:
         return {
-            "id": self.id, "domain": self.domain, "prompt": self.prompt, "verifier": self.verifier,
-            "reference": self.reference, "answer": self.answer,
-            "tests": json.dumps(self.tests, sort_keys=True), "difficulty": int(self.difficulty),
-            "source": self.source, "metadata": json.dumps(self.metadata, sort_keys=True),
+            "id": self.id,
+            "domain": self.domain,
+            "prompt": self.prompt,
+            "verifier": self.verifier,
+            "reference": self.reference,
+            "answer": self.answer,
+            "tests": json.dumps(self.tests, sort_keys=True),
+            "difficulty": int(self.difficulty),
+            "source": self.source,
+            "metadata": json.dumps(self.metadata, sort_keys=True),
         }
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Task:
         """Inverse of to_row for rows that already passed validation (tasksets/validate.py)."""
         return cls(
-            id=row["id"], domain=row["domain"], prompt=row["prompt"], verifier=row["verifier"],
-            reference=row.get("reference") or "", answer=row.get("answer"),
+            id=row["id"],
+            domain=row["domain"],
+            prompt=row["prompt"],
+            verifier=row["verifier"],
+            reference=row.get("reference") or "",
+            answer=row.get("answer"),
             tests=json.loads(row["tests"]) if isinstance(row.get("tests"), str) else row.get("tests") or [],
-            difficulty=int(row.get("difficulty", 1)), source=row.get("source") or "",
-            metadata=json.loads(row["metadata"]) if isinstance(row.get("metadata"), str)
+            difficulty=int(row.get("difficulty", 1)),
+            source=row.get("source") or "",
+            metadata=json.loads(row["metadata"])
+            if isinstance(row.get("metadata"), str)
             else dict(row.get("metadata") or {}),
         )
 

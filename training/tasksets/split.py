@@ -58,12 +58,16 @@ def _stratified_take(tasks: list[Task], k: int, seed: int, domain: str) -> list[
     return [t for t in tasks if t.id in keep]
 
 
-def mix_train(train: Sequence[Task], ratios: Mapping[str, float], seed: int,
-              tolerance: float = 0.05) -> tuple[list[Task], dict[str, Any]]:
+def mix_train(
+    train: Sequence[Task], ratios: Mapping[str, float], seed: int, tolerance: float = 0.05
+) -> tuple[list[Task], dict[str, Any]]:
     """The train set at the configured domain ratios, plus a report of what was kept."""
     available = Counter(t.domain for t in train)
-    report: dict[str, Any] = {"ratios": dict(ratios), "available": dict(sorted(available.items())),
-                              "tolerance": tolerance}
+    report: dict[str, Any] = {
+        "ratios": dict(ratios),
+        "available": dict(sorted(available.items())),
+        "tolerance": tolerance,
+    }
     if not ratios:
         report.update(kept=dict(report["available"]), dropped=0, subsampled=False)
         return list(train), report
@@ -73,7 +77,8 @@ def mix_train(train: Sequence[Task], ratios: Mapping[str, float], seed: int,
     targets = {d: r / total_r for d, r in mixed.items()} if total_r > 0 else {}
     shares = {d: available[d] / mixed_n for d in mixed} if mixed_n else {}
     within = all(abs(shares[d] - targets.get(d, 0.0)) <= tolerance for d in mixed) and all(
-        r > 0 for r in mixed.values())
+        r > 0 for r in mixed.values()
+    )
     by_domain: dict[str, list[Task]] = defaultdict(list)
     for task in train:
         by_domain[task.domain].append(task)
@@ -90,6 +95,11 @@ def mix_train(train: Sequence[Task], ratios: Mapping[str, float], seed: int,
         kept_ids.update(t.id for t in take)
     out = [t for t in train if t.id in kept_ids]
     kept = Counter(t.domain for t in out)
-    report.update(targets=targets, kept=dict(sorted(kept.items())), dropped=len(train) - len(out),
-                  subsampled=not within, unmixed_domains=sorted(set(available) - set(ratios)))
+    report.update(
+        targets=targets,
+        kept=dict(sorted(kept.items())),
+        dropped=len(train) - len(out),
+        subsampled=not within,
+        unmixed_domains=sorted(set(available) - set(ratios)),
+    )
     return out, report

@@ -109,8 +109,9 @@ def _parse_line(line: bytes, row: int, file: str) -> RawRow:
         msg = utf8_err or f"invalid JSON ({getattr(err, 'msg', err)} at column {getattr(err, 'colno', '?')})"
         return RawRow(row, None, line, [RowError(file, row, None, msg)])
     if not isinstance(data, dict):
-        return RawRow(row, None, line, [RowError(file, row, None,
-                                                 f"expected a JSON object, got {type(data).__name__}")])
+        return RawRow(
+            row, None, line, [RowError(file, row, None, f"expected a JSON object, got {type(data).__name__}")]
+        )
     rr = RawRow(row, data, line)
     if utf8_err:
         bad = [k for k, v in data.items() if _bad_bytes_field(k) or _bad_bytes_field(v)]
@@ -135,8 +136,19 @@ def read_rows(path: Path | str, label: str | None = None) -> Iterator[RawRow]:
             yield RawRow(i, data, data)
         return
     if suffix not in JSONL_SUFFIXES:
-        yield RawRow(0, None, b"", [RowError(file, None, None, f"unsupported file type {suffix!r}; use "
-                                             f"{'/'.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)}")])
+        yield RawRow(
+            0,
+            None,
+            b"",
+            [
+                RowError(
+                    file,
+                    None,
+                    None,
+                    f"unsupported file type {suffix!r}; use {'/'.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)}",
+                )
+            ],
+        )
         return
     try:
         data = path.read_bytes()
@@ -155,8 +167,12 @@ def read_rows(path: Path | str, label: str | None = None) -> Iterator[RawRow]:
             if isinstance(item, dict):
                 yield RawRow(i, item, item)
             else:
-                yield RawRow(i, None, json.dumps(item).encode(),
-                             [RowError(file, i, None, f"expected a JSON object, got {type(item).__name__}")])
+                yield RawRow(
+                    i,
+                    None,
+                    json.dumps(item).encode(),
+                    [RowError(file, i, None, f"expected a JSON object, got {type(item).__name__}")],
+                )
         return
     for i, line in enumerate(data.split(b"\n"), start=1):
         if line.strip():
@@ -234,8 +250,12 @@ class Validator:
                     bad(name, "empty id")
                 elif v in self.seen_ids:
                     where, first = self.seen_ids[v]
-                    bad(name, f"duplicate id {_show(v)} (first at {where}:{first})" if where != file
-                        else f"duplicate id {_show(v)} (first at row {first})")
+                    bad(
+                        name,
+                        f"duplicate id {_show(v)} (first at {where}:{first})"
+                        if where != file
+                        else f"duplicate id {_show(v)} (first at row {first})",
+                    )
                 else:
                     values[name] = v
             elif name == "domain":
@@ -262,8 +282,9 @@ class Validator:
             else:
                 values[name] = v or ""
         answer = data.get("answer")
-        tests, tests_err = _json_field(data.get("tests"), (list, dict), "a list of {call, expected} objects or a "
-                                                                        "{program, ...} object")
+        tests, tests_err = _json_field(
+            data.get("tests"), (list, dict), "a list of {call, expected} objects or a {program, ...} object"
+        )
         meta, meta_err = _json_field(data.get("metadata"), dict, "an object")
         verifier = values.get("verifier")
         answer_err = answer is not None and not isinstance(answer, str)
@@ -285,7 +306,8 @@ class Validator:
         taken = {e.field for e in errs}
         for name in named:
             for field_name, message in get_verifier(name).row_problems(
-                    None if answer_err else answer, None if tests_err else tests, {} if meta_err else meta):
+                None if answer_err else answer, None if tests_err else tests, {} if meta_err else meta
+            ):
                 if field_name not in taken:
                     bad(field_name, message)
                     taken.add(field_name)
@@ -296,8 +318,11 @@ class Validator:
         if level is None:
             level = MIN_DIFFICULTY
         if isinstance(level, bool) or not isinstance(level, int) or not MIN_DIFFICULTY <= level <= MAX_DIFFICULTY:
-            got = f"{_type_name(level)} {_show(level)}" if not isinstance(level, int) or isinstance(level, bool) \
+            got = (
+                f"{_type_name(level)} {_show(level)}"
+                if not isinstance(level, int) or isinstance(level, bool)
                 else str(level)
+            )
             bad("difficulty", f"expected an integer {MIN_DIFFICULTY}..{MAX_DIFFICULTY}, got {got}")
         if "id" in values:
             self.seen_ids.setdefault(values["id"], (file, row))
@@ -305,9 +330,18 @@ class Validator:
             order = {c: i for i, c in enumerate(COLUMNS)}
             errs.sort(key=lambda e: order.get(e.field or "", -1))
             return None, errs
-        return Task(id=values["id"], domain=values["domain"], prompt=values["prompt"], verifier=values["verifier"],
-                    reference=values["reference"], answer=answer, tests=tests, difficulty=level,
-                    source=values["source"], metadata=meta), []
+        return Task(
+            id=values["id"],
+            domain=values["domain"],
+            prompt=values["prompt"],
+            verifier=values["verifier"],
+            reference=values["reference"],
+            answer=answer,
+            tests=tests,
+            difficulty=level,
+            source=values["source"],
+            metadata=meta,
+        ), []
 
 
 def validate_rows(rows: Iterable[RawRow], file: str, validator: Validator | None = None) -> ValidationResult:
@@ -343,16 +377,25 @@ def check_file(path: Path | str, validator: Validator | None = None, label: str 
 
 def task_row(task: Task) -> dict[str, Any]:
     """A Task as a row dict for `Validator.check` (tests/metadata stay Python objects; nothing is copied)."""
-    return {"id": task.id, "domain": task.domain, "prompt": task.prompt, "verifier": task.verifier,
-            "reference": task.reference, "answer": task.answer, "tests": task.tests,
-            "difficulty": task.difficulty, "source": task.source, "metadata": task.metadata}
+    return {
+        "id": task.id,
+        "domain": task.domain,
+        "prompt": task.prompt,
+        "verifier": task.verifier,
+        "reference": task.reference,
+        "answer": task.answer,
+        "tests": task.tests,
+        "difficulty": task.difficulty,
+        "source": task.source,
+        "metadata": task.metadata,
+    }
 
 
-def validate_tasks(tasks: Sequence[Task], file: str = "<generated>",
-                   validator: Validator | None = None) -> ValidationResult:
+def validate_tasks(
+    tasks: Sequence[Task], file: str = "<generated>", validator: Validator | None = None
+) -> ValidationResult:
     """Validate Task records already in memory (generated tasks); row = 1-based position."""
-    return validate_rows((RawRow(i, task_row(t), task_row(t)) for i, t in enumerate(tasks, start=1)), file,
-                         validator)
+    return validate_rows((RawRow(i, task_row(t), task_row(t)) for i, t in enumerate(tasks, start=1)), file, validator)
 
 
 def write_quarantine(bad: Sequence[RawRow], path: Path | str) -> int:
@@ -361,7 +404,6 @@ def write_quarantine(bad: Sequence[RawRow], path: Path | str) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
         for rr in bad:
-            raw = rr.raw if isinstance(rr.raw, bytes) else json.dumps(rr.raw, default=str,
-                                                                      ensure_ascii=False).encode()
+            raw = rr.raw if isinstance(rr.raw, bytes) else json.dumps(rr.raw, default=str, ensure_ascii=False).encode()
             f.write(raw.rstrip(b"\n") + b"\n")
     return len(bad)

@@ -21,16 +21,28 @@ from training.rl.grpo_batches import completion_logprobs, micro_batches
 from training.rollout.base import Completion
 from training.tasksets.schema import Task
 
-TASK = Task("c1", "code", "Write f(x) returning x plus 3.", "code", reference="def f(x): return x+3",
-            tests=[{"call": "f(2)", "expected": 5}, {"call": "f(0)", "expected": 3}, {"call": "f(7)", "expected": 10}],
-            metadata={"visible_tests": [{"call": "f(2)", "expected": 5}]})
+TASK = Task(
+    "c1",
+    "code",
+    "Write f(x) returning x plus 3.",
+    "code",
+    reference="def f(x): return x+3",
+    tests=[{"call": "f(2)", "expected": 5}, {"call": "f(0)", "expected": 3}, {"call": "f(7)", "expected": 10}],
+    metadata={"visible_tests": [{"call": "f(2)", "expected": 5}]},
+)
 WRONG, RIGHT = "def f(x): return x-3", "def f(x): return x+3"
 
 
 @pytest.fixture(scope="module")
 def tok():
-    corpus = [TASK.prompt, WRONG, RIGHT, "# error: 0/1 tests passed; first failure: f(2): expected 5, got -1",
-              "# fixed:", "Q: 23*45=? A: calc(23*45) = 1035"]
+    corpus = [
+        TASK.prompt,
+        WRONG,
+        RIGHT,
+        "# error: 0/1 tests passed; first failure: f(2): expected 5, got -1",
+        "# fixed:",
+        "Q: 23*45=? A: calc(23*45) = 1035",
+    ]
     return models.build_tiny_tokenizer(corpus, vocab_size=300)
 
 
@@ -78,39 +90,52 @@ def test_calculator_tool_is_a_second_environment() -> None:
 def test_episode_is_laid_out_as_one_sequence_the_engine_saw(tok) -> None:
     fmt = PromptFormat(tok)
     engine = PlantedEngine(tok)
-    (group,) = run_episodes(engine, fmt, [TASK], lambda t: CodeRepairEnv(t), n_samples=2, max_turns=3,
-                            max_new_tokens=16)
+    (group,) = run_episodes(
+        engine, fmt, [TASK], lambda t: CodeRepairEnv(t), n_samples=2, max_turns=3, max_new_tokens=16
+    )
     ep = group[0]
     assert ep.answers == [WRONG, RIGHT] and ep.ended_by == "environment" and ep.turns == 2
     assert "expected 5, got -1" in ep.replies[0]
     # the first prompt is exactly the single-turn prompt; the second extends the first token for token
     assert ep.prompt_ids == fmt.prompt_ids(TASK) == engine.prompts[0]
     second = engine.prompts[1]
-    assert second[:len(ep.prompt_ids)] == ep.prompt_ids and ep.context()[:len(second)] == second
+    assert second[: len(ep.prompt_ids)] == ep.prompt_ids and ep.context()[: len(second)] == second
     # ... and equals re-rendering the whole conversation through the chat template
     assert second == fmt.follow_up_ids(TASK, [(WRONG, ep.replies[0])])
     c = ep.as_completion()
     first_len = len(engine.generate([ep.prompt_ids], 1, 16)[0][0].token_ids)
     reply_len = len(second) - len(ep.prompt_ids) - first_len
     assert c.model_mask == [1] * first_len + [0] * reply_len + [1] * (len(c.token_ids) - first_len - reply_len)
-    assert c.text == RIGHT and c.logprobs[first_len:first_len + reply_len] == [0.0] * reply_len
+    assert c.text == RIGHT and c.logprobs[first_len : first_len + reply_len] == [0.0] * reply_len
     # T = 2: the last answer is not stepped; a task without an environment stays single-turn
     (short,) = run_episodes(PlantedEngine(tok), fmt, [TASK], lambda t: CodeRepairEnv(t), 1, 2, 16)
     assert short[0].ended_by == "max_turns" and short[0].turns == 2
     (single,) = run_episodes(PlantedEngine(tok), fmt, [TASK], lambda t: None, 1, 3, 16)
-    assert single[0].turns == 1 and single[0].ended_by == "single_turn" and single[0].as_completion().model_mask == \
-        [1] * len(single[0].token_ids)
+    assert (
+        single[0].turns == 1
+        and single[0].ended_by == "single_turn"
+        and single[0].as_completion().model_mask == [1] * len(single[0].token_ids)
+    )
     # a turn that would not fit the context ends the episode instead of being cut
-    (tight,) = run_episodes(PlantedEngine(tok), fmt, [TASK], lambda t: CodeRepairEnv(t), 1, 3, 16,
-                            max_context=len(second) + 8)
+    (tight,) = run_episodes(
+        PlantedEngine(tok), fmt, [TASK], lambda t: CodeRepairEnv(t), 1, 3, 16, max_context=len(second) + 8
+    )
     assert tight[0].turns == 1 and tight[0].ended_by == "context"
 
 
 def test_a_planted_first_answer_is_masked_and_the_model_answers_its_failure(tok) -> None:
     fmt = PromptFormat(tok)
     engine = PlantedEngine(tok)
-    planted, sampled = run_episodes(engine, fmt, [TASK, TASK], lambda t: CodeRepairEnv(t), n_samples=2,
-                                    max_turns=2, max_new_tokens=16, planted=[WRONG, None])
+    planted, sampled = run_episodes(
+        engine,
+        fmt,
+        [TASK, TASK],
+        lambda t: CodeRepairEnv(t),
+        n_samples=2,
+        max_turns=2,
+        max_new_tokens=16,
+        planted=[WRONG, None],
+    )
     ep = planted[0]
     assert ep.planted and not sampled[0].planted and ep.answers == [WRONG, RIGHT] and ep.turns == 2
     assert "expected 5, got -1" in ep.replies[0]
@@ -118,7 +143,8 @@ def test_a_planted_first_answer_is_masked_and_the_model_answers_its_failure(tok)
     # prompt is the conversation a sampled WRONG would have led to, apart from WRONG's own stop token
     assert engine.prompts[0] == fmt.prompt_ids(TASK)
     assert fmt.tokenizer.decode(engine.prompts[1]) == fmt.tokenizer.decode(
-        fmt.follow_up_ids(TASK, [(WRONG, ep.replies[0])]))
+        fmt.follow_up_ids(TASK, [(WRONG, ep.replies[0])])
+    )
     c = ep.as_completion()
     model_turn = len(c.token_ids) - (len(engine.prompts[1]) - len(ep.prompt_ids))
     assert c.model_mask == [0] * (len(c.token_ids) - model_turn) + [1] * model_turn  # only turn 2 is trained
@@ -176,9 +202,19 @@ def logprobs_after_backward(model, batch) -> torch.Tensor:
     """The batch's completion log-probs (N, L) after one GRPO loss's backward, with their gradient kept."""
     logp = completion_logprobs(model, batch, 1.0)
     logp.retain_grad()
-    loss, _ = algorithms.grpo_loss(logp, logp.detach(), None, batch.advantages, batch.completion_mask.float(),
-                                   beta=0.0, clip_low=0.2, clip_high=0.28, agg="token-mean", kl_estimator="k3",
-                                   policy_loss="clip")
+    loss, _ = algorithms.grpo_loss(
+        logp,
+        logp.detach(),
+        None,
+        batch.advantages,
+        batch.completion_mask.float(),
+        beta=0.0,
+        clip_low=0.2,
+        clip_high=0.28,
+        agg="token-mean",
+        kl_estimator="k3",
+        policy_loss="clip",
+    )
     loss.backward()
     assert logp.grad is not None
     return logp
@@ -192,8 +228,9 @@ def test_environment_tokens_get_no_gradient(tok, packed) -> None:
     fmt = PromptFormat(tok)
     (group,) = run_episodes(PlantedEngine(tok), fmt, [TASK], lambda t: CodeRepairEnv(t), 2, 2, 16)
     completions = [ep.as_completion() for ep in group]
-    (batch,) = micro_batches(tok, [group[0].prompt_ids], [completions], torch.tensor([1.0, -0.5]),
-                             torch.device("cpu"), 0, packed=packed)
+    (batch,) = micro_batches(
+        tok, [group[0].prompt_ids], [completions], torch.tensor([1.0, -0.5]), torch.device("cpu"), 0, packed=packed
+    )
     env = torch.tensor([[m == 0 for m in c.model_mask] for c in completions])  # (N, L) environment tokens
     assert bool(env.any()) and not bool((batch.completion_mask.bool() & env).any())
     logp = logprobs_after_backward(model, batch)  # (N, L), .grad set
@@ -222,12 +259,13 @@ def test_a_repaired_episode_credits_its_final_answer_only(tok) -> None:
     wrong_ids, right_ids = (tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in (WRONG, RIGHT))
     first = len(wrong_ids)
     assert ep.answer_starts[0] == 0 and ep.token_ids[:first] == wrong_ids
-    assert ep.token_ids[ep.answer_starts[1]:] == right_ids and ep.answer_starts[1] > first  # the reply between
+    assert ep.token_ids[ep.answer_starts[1] :] == right_ids and ep.answer_starts[1] > first  # the reply between
     credited = [final_answer_credit(ep.as_completion(), a) for ep, a in zip(group, (1.0, -1.0))]
     (batch,) = micro_batches(tok, [ep.prompt_ids], [credited], torch.tensor([1.0, -1.0]), torch.device("cpu"), 0)
     logp = logprobs_after_backward(model, batch)  # (N, L), .grad set
-    assert torch.all(logp.grad[0, :first] == 0) and torch.all(logp.grad[0, ep.answer_starts[1]:][
-        batch.completion_mask[0, ep.answer_starts[1]:].bool()] != 0)  # positive: the repair alone trains
+    assert torch.all(logp.grad[0, :first] == 0) and torch.all(
+        logp.grad[0, ep.answer_starts[1] :][batch.completion_mask[0, ep.answer_starts[1] :].bool()] != 0
+    )  # positive: the repair alone trains
     assert torch.all(logp.grad[1, :first] != 0)  # negative: the wrong first answer is pushed down too
 
 
@@ -265,17 +303,18 @@ def test_turn_level_credit_gives_first_answers_their_own_advantage(tok) -> None:
         asked.extend(answers)
         return [float(a == RIGHT) for a in answers]
 
-    groups = [[right_first, repaired, failed, episode(RIGHT)],  # split: some went past one answer
-              [episode(RIGHT), episode(RIGHT)],  # every episode ended at its first answer: not split
-              [episode(WRONG, RIGHT, planted=True), episode(WRONG, WRONG, planted=True)]]  # planted: not split
+    groups = [
+        [right_first, repaired, failed, episode(RIGHT)],  # split: some went past one answer
+        [episode(RIGHT), episode(RIGHT)],  # every episode ended at its first answer: not split
+        [episode(WRONG, RIGHT, planted=True), episode(WRONG, WRONG, planted=True)],
+    ]  # planted: not split
     finals = [1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0]
     assert first_answer_rewards(groups, finals, score) == [[1.0, 0.0, 0.0, 1.0], None, None]
     assert asked == [WRONG, WRONG]
 
     grpo = algorithms.get_advantage("grpo")
     completions = [[ep.as_completion() for ep in g] for g in groups]
-    split = ([split_first_answer(c, ep.answers[0]) for c, ep in zip(completions[0], groups[0])],
-             [1.0, 0.0, 0.0, 1.0])
+    split = ([split_first_answer(c, ep.answers[0]) for c, ep in zip(completions[0], groups[0])], [1.0, 0.0, 0.0, 1.0])
     kept = [(TASK, completions[0], [1.0, 1.0, 0.0, 1.0])]
     rows, adv = turn_credit_rows(kept, [split], grpo(torch.tensor([[1.0, 1.0, 0.0, 1.0]])), grpo, True)
     # hand-computed: episodes [1, 1, 0, 1]: mean .75, sample std .5; first answers [1, 0, 0, 1]: mean .5, std .5774
@@ -287,8 +326,13 @@ def test_turn_level_credit_gives_first_answers_their_own_advantage(tok) -> None:
     rows, adv = turn_credit_rows([flat_end], [(split[0][:2], [1.0, 0.0])], torch.zeros(1, 2), grpo, True)
     assert len(rows) == 1 and torch.allclose(adv, torch.tensor([[0.7071, -0.7071]]), atol=1e-3)
     # without dynamic sampling both parts stay; an unsplit group passes as it was
-    rows, adv = turn_credit_rows([flat_end, (TASK, completions[1], [1.0, 1.0])], [(split[0][:2], [1.0, 0.0]), None],
-                                 torch.zeros(2, 2), grpo, False)
+    rows, adv = turn_credit_rows(
+        [flat_end, (TASK, completions[1], [1.0, 1.0])],
+        [(split[0][:2], [1.0, 0.0]), None],
+        torch.zeros(2, 2),
+        grpo,
+        False,
+    )
     assert len(rows) == 3 and rows[2][1] == completions[1] and adv.shape == (3, 2)
     with pytest.raises(ValueError, match="answer_credit 'turns': use one of episode, final, turn"):
         GRPOConfig(answer_credit="turns")
@@ -308,8 +352,17 @@ def test_multi_turn_grpo_step_is_deterministic_and_logs_episodes(tiny_model, mon
     monkeypatch.setattr(training.rewards, "score_tasks", lambda tasks, texts: [float(len(t) % 2) for t in texts])
     model, tok = tiny_model
     tasks = generate("code", 12, 0, (3, 4))
-    cfg = GRPOConfig(prompts_per_step=3, samples_per_prompt=4, max_new_tokens=6, dynamic_sampling=False,
-                     beta=0.05, device="cpu", lr=1e-2, max_turns=2, turn_cost=0.25)
+    cfg = GRPOConfig(
+        prompts_per_step=3,
+        samples_per_prompt=4,
+        max_new_tokens=6,
+        dynamic_sampling=False,
+        beta=0.05,
+        device="cpu",
+        lr=1e-2,
+        max_turns=2,
+        turn_cost=0.25,
+    )
 
     def run() -> tuple[dict, dict, list[dict]]:
         policy = copy.deepcopy(model).train()
@@ -322,19 +375,22 @@ def test_multi_turn_grpo_step_is_deterministic_and_logs_episodes(tiny_model, mon
     assert m1["train/grad_norm"] > 0 and m1["groups_kept"] == 3
     # the turn cost: rewards are parity - 0.25 for the second answer
     assert all(r["reward"] in (-0.25, 0.75) for r in rows)
-    assert rows and all(r["turns"] == 2 and len(r["answers"]) == 2 and r["tool_outputs"][0].startswith("# error:")
-                        for r in rows)
+    assert rows and all(
+        r["turns"] == 2 and len(r["answers"]) == 2 and r["tool_outputs"][0].startswith("# error:") for r in rows
+    )
     untimed = {k: v for k, v in m1.items() if k != "step_seconds" and not k.startswith("time/")}
     assert untimed == {k: v for k, v in m2.items() if k != "step_seconds" and not k.startswith("time/")}
     assert all(torch.equal(s1[k], s2[k]) for k in s1)
     single = dataclasses.replace(cfg, max_turns=1)
-    rnd = Round.build(single, 1, copy.deepcopy(model).train(), tok, copy.deepcopy(model).eval(), tasks,
-                      torch.device("cpu"))
+    rnd = Round.build(
+        single, 1, copy.deepcopy(model).train(), tok, copy.deepcopy(model).eval(), tasks, torch.device("cpu")
+    )
     assert not any(k.startswith("episode/") for k in rnd.step(0)) and rnd.last_episodes == []
     # turn-level credit: every group went past one answer, so each is split, its first answers scored alone
     turn = dataclasses.replace(cfg, answer_credit="turn")
-    rnd = Round.build(turn, 1, copy.deepcopy(model).train(), tok, copy.deepcopy(model).eval(), tasks,
-                      torch.device("cpu"))
+    rnd = Round.build(
+        turn, 1, copy.deepcopy(model).train(), tok, copy.deepcopy(model).eval(), tasks, torch.device("cpu")
+    )
     m = rnd.step(0)
     firsts = [len(ep.answers[0]) % 2 for ep in rnd.last_draw.episodes]
     assert len(firsts) == 12 and m["episode/first_answer_reward"] == sum(firsts) / 12 and m["train/grad_norm"] > 0
@@ -366,8 +422,18 @@ def test_round_logs_sample_episodes_to_mlflow(sft_run) -> None:  # noqa: F811 - 
     from training.stages.rl_round import run_round
 
     register_environment("again")(AgainEnv)
-    cfg = GRPOConfig(steps=2, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=6, checkpoint_every=0,
-                     device="cpu", holdout_per_domain=4, max_turns=3, environments={"math": "again"}, log_samples=6)
+    cfg = GRPOConfig(
+        steps=2,
+        prompts_per_step=4,
+        samples_per_prompt=4,
+        max_new_tokens=6,
+        checkpoint_every=0,
+        device="cpu",
+        holdout_per_domain=4,
+        max_turns=3,
+        environments={"math": "again"},
+        log_samples=6,
+    )
     result = stage.run_stage("rl_round_1", cfg, sft_run, lambda ctx: run_round(ctx, 1))
     rows = storage.read_json(storage.require_manifest(storage.join(sft_run, "rl_round_1")), "episodes.json")
     assert 0 < len(rows) <= 6
@@ -376,8 +442,9 @@ def test_round_logs_sample_episodes_to_mlflow(sft_run) -> None:  # noqa: F811 - 
     assert all(r["turns"] == 1 and r["ended_by"] == "single_turn" for r in rows if r["domain"] != "math")
     client = mlflow.MlflowClient()
     assert "episodes.json" in {a.path for a in client.list_artifacts(result.mlflow_run_id)}
-    table = client.load_table(client.get_run(result.mlflow_run_id).info.experiment_id, "episodes.json",
-                              run_ids=[result.mlflow_run_id])
+    table = client.load_table(
+        client.get_run(result.mlflow_run_id).info.experiment_id, "episodes.json", run_ids=[result.mlflow_run_id]
+    )
     assert {"turns", "tool_outputs", "reward", "answers"} <= set(table.columns)
 
 
@@ -397,16 +464,29 @@ def test_a_round_with_planted_first_answers_trains_the_repair_turn_only(monkeypa
     tok = models.build_tiny_tokenizer([t.prompt for t in tasks] + [t.reference for t in tasks], vocab_size=300)
     torch.manual_seed(0)
     model = models.build_tiny_model(models.TinyModelConfig(n_layer=1, n_embd=32, n_head=2), tok)
-    cfg = GRPOConfig(prompts_per_step=3, samples_per_prompt=4, max_new_tokens=6, dynamic_sampling=False,
-                     device="cpu", lr=1e-2, max_turns=2, planted_share=1.0)
+    cfg = GRPOConfig(
+        prompts_per_step=3,
+        samples_per_prompt=4,
+        max_new_tokens=6,
+        dynamic_sampling=False,
+        device="cpu",
+        lr=1e-2,
+        max_turns=2,
+        planted_share=1.0,
+    )
     rnd = Round.build(cfg, 1, model.train(), tok, copy_of(model).eval(), tasks, torch.device("cpu"))
     metrics = rnd.step(0)
     assert metrics["episode/planted_frac"] == 1.0 and metrics["train/grad_norm"] > 0
     assert rnd.curriculum.rates == {}  # a planted group's reward measures repair, not the task's difficulty
     reference = {t.id: t.reference for t in tasks}
     rows = rnd.last_episodes
-    assert rows and all(r["planted_first"] and r["turns"] == 2 and r["answers"][0] != reference[r["id"]]
-                        and r["tool_outputs"][0].startswith("# error:") for r in rows)
+    assert rows and all(
+        r["planted_first"]
+        and r["turns"] == 2
+        and r["answers"][0] != reference[r["id"]]
+        and r["tool_outputs"][0].startswith("# error:")
+        for r in rows
+    )
     # a planted answer whose reply leaves no room for the model's turn: nothing to train, the group is dropped
     short = models.build_tiny_model(models.TinyModelConfig(n_layer=1, n_embd=32, n_head=2, n_positions=40), tok)
     rnd = Round.build(cfg, 1, short.train(), tok, copy_of(short).eval(), tasks, torch.device("cpu"))
@@ -416,8 +496,15 @@ def test_a_round_with_planted_first_answers_trains_the_repair_turn_only(monkeypa
     with pytest.raises(ValueError, match="planted_mirrors needs planted_share"):
         dataclasses.replace(cfg, planted_share=0.0, planted_mirrors=True)
     # mirrored: the reference is the planted first answer, the episode plays the mirror (its reward and id)
-    rnd = Round.build(dataclasses.replace(cfg, planted_mirrors=True), 1, model.train(), tok,
-                      copy_of(model).eval(), tasks, torch.device("cpu"))
+    rnd = Round.build(
+        dataclasses.replace(cfg, planted_mirrors=True),
+        1,
+        model.train(),
+        tok,
+        copy_of(model).eval(),
+        tasks,
+        torch.device("cpu"),
+    )
     assert rnd.step(0)["episode/planted_frac"] == 1.0 and rnd.curriculum.rates == {}
     rows = rnd.last_episodes
     mirrored = [r for r in rows if r["id"].endswith("~mirror")]

@@ -108,7 +108,10 @@ def test_three_points_worse_with_tight_intervals_blocked_by_noninferiority() -> 
     verdict = decide(cand, {"sft": ref}, [], None, NI)
     assert not verdict.promote
     assert [(f.rule, f.domain) for f in verdict.findings] == [
-        ("non_inferiority", "code"), ("non_inferiority", "extraction"), ("non_inferiority", "math")]
+        ("non_inferiority", "code"),
+        ("non_inferiority", "extraction"),
+        ("non_inferiority", "math"),
+    ]
     f = verdict.findings[0]
     assert f.numbers["margin"] == 0.02 and f.numbers["p"] == pytest.approx(0.84476, abs=1e-4)
     assert f.numbers["p_adjusted"] == 1.0  # Holm: the smallest of 3 equal p-values times 3, capped at 1
@@ -132,8 +135,11 @@ def test_noninferiority_holm_and_per_domain_margins() -> None:
     assert {d: n["p_adjusted"] for d, n in by.items()} == pytest.approx(holm(raw))
     assert all(c.decision == "pass" for c in checks)  # 0.5 vs 0.5 at 1000 each shows a 4-point margin
     no_holm = GateConfig(**{**cfg.to_dict(), "multiple_testing": "none"})
-    assert sorted(c.numbers["p_adjusted"] for c in decide(cand, {"sft": ref}, [], None, no_holm).checks
-                  if c.rule == "non_inferiority") == pytest.approx(sorted(raw.values()))
+    assert sorted(
+        c.numbers["p_adjusted"]
+        for c in decide(cand, {"sft": ref}, [], None, no_holm).checks
+        if c.rule == "non_inferiority"
+    ) == pytest.approx(sorted(raw.values()))
 
 
 def _dims(metric: str, cand: dict[str, Counts], ref: dict[str, Counts]) -> dict:
@@ -182,8 +188,14 @@ def test_kl_and_entropy_sanity() -> None:
 
 def test_every_rule_decision_is_recorded_with_numbers() -> None:
     sft, cand = _counts(math=0.30, code=0.20), _counts(math=0.50, code=0.21)
-    verdict = decide(cand, {"sft": sft}, [0.3, 0.5], sft, GateConfig(min_samples=20, noninferiority_margin=0.1),
-                     _dims("format", cand, sft)).to_dict()
+    verdict = decide(
+        cand,
+        {"sft": sft},
+        [0.3, 0.5],
+        sft,
+        GateConfig(min_samples=20, noninferiority_margin=0.1),
+        _dims("format", cand, sft),
+    ).to_dict()
     assert verdict["decision"] == "promote"
     rules = {(c["rule"], c["metric"], c["domain"]): c["decision"] for c in verdict["checks"]}
     assert rules[("regression", "pass1", "math")] == "pass" and rules[("regression", "format", "code")] == "pass"

@@ -56,8 +56,14 @@ class PlantedEngine:
         return out
 
 
-CFG = EvalConfig(n_samples=4, ks=[1, 4], repair_turns=0, long_context_tasks=10, max_new_tokens=8,
-                 long_context_fractions=[0.1, 0.25, 0.5])
+CFG = EvalConfig(
+    n_samples=4,
+    ks=[1, 4],
+    repair_turns=0,
+    long_context_tasks=10,
+    max_new_tokens=8,
+    long_context_fractions=[0.1, 0.25, 0.5],
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +72,12 @@ def planted():
     inst_tasks = generate("instruction", 10, 0, difficulties=(1, 2))
     tasks = math_tasks + inst_tasks
     greedy = {t.id for t in math_tasks[:6]} | {t.id for t in inst_tasks}
-    sampled = {**{t.id: 4 for t in math_tasks[:6]}, math_tasks[6].id: 1, math_tasks[7].id: 1,
-               **{t.id: 4 for t in inst_tasks}}
+    sampled = {
+        **{t.id: 4 for t in math_tasks[:6]},
+        math_tasks[6].id: 1,
+        math_tasks[7].id: 1,
+        **{t.id: 4 for t in inst_tasks},
+    }
     # math is read through distractors of up to 60 characters, instruction through any
     engine = PlantedEngine(tasks, greedy, sampled, reads={"math": 60, "instruction": 10**6})
     report = evaluate_model(engine, CharTokenizer(), tasks, CFG, max_context=400)
@@ -90,8 +100,7 @@ def test_failure_modes_per_domain_and_difficulty(planted) -> None:
     assert math["failure_modes"] == {"capability": 2, "instability": 2}
     # L1 = tasks 0,2,4,6,8: 6 unstable (1/4 samples), 8 incapable; pass@1 (1+1+1+0.25+0)/5, pass@4 4/5
     by = math["failure_modes_by_difficulty"]
-    assert by["1"] == {"capability": 1, "instability": 1, "total": 5,
-                       "pass_at_k": pytest.approx({"1": 0.65, "4": 0.8})}
+    assert by["1"] == {"capability": 1, "instability": 1, "total": 5, "pass_at_k": pytest.approx({"1": 0.65, "4": 0.8})}
     assert by["2"]["capability"] == 1 and by["2"]["instability"] == 1
     assert report["domains"]["instruction"]["failure_modes_by_difficulty"]["1"]["capability"] == 0
 
@@ -100,8 +109,11 @@ def test_long_context_sweep_is_a_curve(planted) -> None:
     report, _ = planted
     math = report["domains"]["math"]
     # fractions of a 400-token window: 40, 100, 200 characters of distractors; math reads up to 60
-    assert [(p["fraction"], p["distractor_tokens"], p["passed"], p["total"]) for p in math["long_context_sweep"]] \
-        == [(0.1, 40, 6, 10), (0.25, 100, 0, 10), (0.5, 200, 0, 10)]
+    assert [(p["fraction"], p["distractor_tokens"], p["passed"], p["total"]) for p in math["long_context_sweep"]] == [
+        (0.1, 40, 6, 10),
+        (0.25, 100, 0, 10),
+        (0.5, 200, 0, 10),
+    ]
     assert math["long_context"]["passed"] == 6 and math["long_context"]["total"] == 30
     assert math["long_context"]["consistency"] == pytest.approx(6 / 18)  # greedy passes kept over 3 points
     inst = report["domains"]["instruction"]
@@ -112,8 +124,11 @@ def test_long_tail_names_the_worst_decile(planted) -> None:
     report, math_tasks = planted
     tail = report["long_tail"]
     # 20 tasks -> 2 in the worst decile: the two math tasks no sample solves (8: L1, 9: L2)
-    assert tail["worst_decile"] == {"tasks": sorted([math_tasks[8].id, math_tasks[9].id]), "threshold": 0.0,
-                                    "cells": {"math/L1": 1, "math/L2": 1}}
+    assert tail["worst_decile"] == {
+        "tasks": sorted([math_tasks[8].id, math_tasks[9].id]),
+        "threshold": 0.0,
+        "cells": {"math/L1": 1, "math/L2": 1},
+    }
     assert tail["cells"]["math/L1"] == pytest.approx({"tasks": 5, "mean": 0.65, "min": 0.0, "never": 0.2})
     assert tail["cells"]["instruction/L2"] == pytest.approx({"tasks": 5, "mean": 1.0, "min": 1.0, "never": 0.0})
 
@@ -121,8 +136,12 @@ def test_long_tail_names_the_worst_decile(planted) -> None:
 def test_pure_helpers_hand_computed() -> None:
     fm = failure_modes([True, False, False], [3, 2, 0], n_samples=4, ks=[1, 2, 8])
     # pass@2: 1 - C(1,2)/C(4,2) = 1; 1 - C(2,2)/C(4,2) = 5/6; 0 -> mean (1 + 5/6 + 0)/3; k=8 > n is left out
-    assert fm == {"capability": 1, "instability": 1, "total": 3,
-                  "pass_at_k": pytest.approx({"1": (0.75 + 0.5 + 0) / 3, "2": (1 + 5 / 6) / 3})}
+    assert fm == {
+        "capability": 1,
+        "instability": 1,
+        "total": 3,
+        "pass_at_k": pytest.approx({"1": (0.75 + 0.5 + 0) / 3, "2": (1 + 5 / 6) / 3}),
+    }
     tail = long_tail([("a", "math", 1, 1, 2), ("b", "math", 1, 2, 2), ("c", "code", 3, 0, 2)], decile=0.5)
     # ceil(0.5 * 3) = 2 worst: c (0.0), then a (0.5)
     assert tail["worst_decile"] == {"tasks": ["c", "a"], "threshold": 0.5, "cells": {"code/L3": 1, "math/L1": 1}}
@@ -139,8 +158,11 @@ def test_report_shows_sweep_failure_modes_and_tail(planted, tmp_path) -> None:
     from training.evaluation.report import render_markdown
 
     report, math_tasks = planted
-    full = {"run_id": "r", "candidate_stage": "rl_round_1",
-            "models": {"sft": {"uri": "", **report}, "candidate": {"uri": "", **report}}}
+    full = {
+        "run_id": "r",
+        "candidate_stage": "rl_round_1",
+        "models": {"sft": {"uri": "", **report}, "candidate": {"uri": "", **report}},
+    }
     md = render_markdown(full)
     assert "| candidate | math | 6/10 (60%) | 0/10 (0%) | 0/10 (0%) |" in md
     assert "| math | L1 | 1 / 1 / 5 | @1 0.65, @4 0.80 |" in md

@@ -66,12 +66,29 @@ def test_parallel_config_validation() -> None:
 
 
 # ----- 2 processes under torchrun -------------------------------------------------------------------------------
-def torchrun(args: list[str], nproc: int = 2, env: dict[str, str] | None = None,
-             check: bool = True) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "training.cli", "--", *args]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+def torchrun(
+    args: list[str], nproc: int = 2, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "training.cli",
+        "--",
+        *args,
+    ]
+    out = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
     if check:
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out
@@ -79,12 +96,21 @@ def torchrun(args: list[str], nproc: int = 2, env: dict[str, str] | None = None,
 
 def _copy(src: str, dest: Path, stages: tuple[str, ...]) -> str:
     for name in stages:
-        shutil.copytree(Path(src[len("file://"):]) / name, dest / name)
+        shutil.copytree(Path(src[len("file://") :]) / name, dest / name)
     return f"file://{dest}"
 
 
-SFT_SMALL = {"max_steps": 4, "batch_size": 4, "max_seq_len": 64, "vocab_size": 300, "checkpoint_every": 2,
-             "log_every": 1, "tiny": {"n_layer": 1, "n_embd": 32, "n_head": 2}, "warmup_steps": 2, "device": "cpu"}
+SFT_SMALL = {
+    "max_steps": 4,
+    "batch_size": 4,
+    "max_seq_len": 64,
+    "vocab_size": 300,
+    "checkpoint_every": 2,
+    "log_every": 1,
+    "tiny": {"n_layer": 1, "n_embd": 32, "n_head": 2},
+    "warmup_steps": 2,
+    "device": "cpu",
+}
 
 
 @pytest.mark.slow
@@ -95,8 +121,7 @@ def test_sft_ddp_and_fsdp_reach_the_one_process_loss(taskset_run, tmp_path) -> N
     one = stage.run_stage("sft", from_dict(SFTConfig, SFT_SMALL), taskset_run, train).summary
     for strategy in ("ddp", "fsdp"):
         run = _copy(taskset_run, tmp_path / strategy, ("taskset",))
-        out = torchrun(["sft", "--run", run, "--config", json.dumps({**SFT_SMALL,
-                                                                        "parallel": {"strategy": strategy}})])
+        out = torchrun(["sft", "--run", run, "--config", json.dumps({**SFT_SMALL, "parallel": {"strategy": strategy}})])
         two = stage.parse_result(out.stdout)["summary"]
         print(f"sft {strategy}: 1 process {one['final_loss']:.7f}, 2 ranks {two['final_loss']:.7f}")
         assert two["world_size"] == 2 and one["world_size"] == 1
@@ -106,12 +131,31 @@ def test_sft_ddp_and_fsdp_reach_the_one_process_loss(taskset_run, tmp_path) -> N
 
 # The round's SFT model must get some answers right, or every advantage is 0 and there is nothing to compare:
 # one-digit sums, a 1-layer model SFT'd for 60 steps.
-EASY_SFT = {"max_steps": 60, "batch_size": 8, "max_seq_len": 64, "vocab_size": 300, "checkpoint_every": 0,
-            "log_every": 20, "tiny": {"n_layer": 1, "n_embd": 64, "n_head": 2}, "warmup_steps": 5,
-            "min_lr_ratio": 1.0, "device": "cpu"}
-ROUND = {"steps": 5, "prompts_per_step": 4, "samples_per_prompt": 4, "max_new_tokens": 6, "checkpoint_every": 3,
-         "device": "cpu", "holdout_per_domain": 2, "seed": 1, "dynamic_sampling": False, "temperature": 1.5,
-         "parallel": {"rollout_seeding": "prompt"}}
+EASY_SFT = {
+    "max_steps": 60,
+    "batch_size": 8,
+    "max_seq_len": 64,
+    "vocab_size": 300,
+    "checkpoint_every": 0,
+    "log_every": 20,
+    "tiny": {"n_layer": 1, "n_embd": 64, "n_head": 2},
+    "warmup_steps": 5,
+    "min_lr_ratio": 1.0,
+    "device": "cpu",
+}
+ROUND = {
+    "steps": 5,
+    "prompts_per_step": 4,
+    "samples_per_prompt": 4,
+    "max_new_tokens": 6,
+    "checkpoint_every": 3,
+    "device": "cpu",
+    "holdout_per_domain": 2,
+    "seed": 1,
+    "dynamic_sampling": False,
+    "temperature": 1.5,
+    "parallel": {"rollout_seeding": "prompt"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +204,10 @@ def test_grpo_round_ddp_fsdp_match_one_process_and_a_killed_rank_resumes(easy_sf
         results[strategy] = stage.parse_result(out.stdout)["summary"]
         hist = _report(run)["history"]
         for a, b in zip(one_hist, hist):
-            print(f"rl {strategy} step {a['step']}: loss 1 process {a['train/loss']:.7f}, "
-                  f"2 ranks {b['train/loss']:.7f}; reward {a['reward/all']:.3f} / {b['reward/all']:.3f}")
+            print(
+                f"rl {strategy} step {a['step']}: loss 1 process {a['train/loss']:.7f}, "
+                f"2 ranks {b['train/loss']:.7f}; reward {a['reward/all']:.3f} / {b['reward/all']:.3f}"
+            )
             assert b["reward/all"] == a["reward/all"], (strategy, a["step"])  # the same samples were drawn
             assert abs(b["train/loss"] - a["train/loss"]) <= LOSS_TOLERANCE, (strategy, a["step"])
         assert results[strategy]["world_size"] == 2

@@ -36,12 +36,24 @@ class JudgeServer:
                 if "SLOW" in graded:
                     time.sleep(5)
                 want = reference.strip().splitlines()[-1].strip() if reference.strip() else ""
-                reply = ("I cannot grade this." if "NOSCORE" in graded else
-                         "Score: 9" if want and want in graded else "Score: 2")
-                data = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "model": body.get("model"),
-                                   "choices": [{"index": 0, "finish_reason": "stop",
-                                                "message": {"role": "assistant", "content": reply}}],
-                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+                reply = (
+                    "I cannot grade this."
+                    if "NOSCORE" in graded
+                    else "Score: 9"
+                    if want and want in graded
+                    else "Score: 2"
+                )
+                data = json.dumps(
+                    {
+                        "id": "chatcmpl-1",
+                        "object": "chat.completion",
+                        "model": body.get("model"),
+                        "choices": [
+                            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}
+                        ],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                    }
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

@@ -13,8 +13,10 @@ from training.rewards import VERIFIERS, Scores, score_tasks
 from training.rewards.judge import JudgeConfig, JudgeUnavailable, JudgeVerifier, parse_score
 from training.tasksets.schema import Task
 
-TASKS = [Task(f"t{i}", "math", f"What is {i}+{i}?", "math", reference=f"{i}+{i}={2 * i}\n{2 * i}",
-              answer=str(2 * i)) for i in range(4)]
+TASKS = [
+    Task(f"t{i}", "math", f"What is {i}+{i}?", "math", reference=f"{i}+{i}={2 * i}\n{2 * i}", answer=str(2 * i))
+    for i in range(4)
+]
 
 
 @pytest.fixture
@@ -46,9 +48,14 @@ def test_judge_scores_through_the_endpoint_batched_and_cached(server) -> None:
     assert judge.score(TASKS[:2] * 2, comps[:2] * 2, judge=cfg) == [0.9, 0.9, 0.9, 0.9]
     assert len(server.requests) == 4
     # a task's own rubric and scale
-    own = Task("r", "math", "Say hi", "math", answer="hi",
-               metadata={"judge": {"rubric": "Grade: {completion}\nAnswer to grade:\nx\n\nRate the answer",
-                                   "max_score": 5}})
+    own = Task(
+        "r",
+        "math",
+        "Say hi",
+        "math",
+        answer="hi",
+        metadata={"judge": {"rubric": "Grade: {completion}\nAnswer to grade:\nx\n\nRate the answer", "max_score": 5}},
+    )
     assert judge.score([own], ["hello"], judge=cfg) == [0.4]  # "Score: 2" on a 0-5 scale
 
 
@@ -78,8 +85,18 @@ def test_judge_settings_from_the_environment(server, monkeypatch) -> None:
 
 def test_weighted_reward_combines_components_and_reports_each(server) -> None:
     weights = {"math": 0.6, "judge": 0.3, "format": 0.1}
-    tasks = [Task(t.id, t.domain, t.prompt, t.verifier, t.reference, t.answer,
-                  metadata={"reward_weights": weights, "answer_format": "boxed"}) for t in TASKS[:3]]
+    tasks = [
+        Task(
+            t.id,
+            t.domain,
+            t.prompt,
+            t.verifier,
+            t.reference,
+            t.answer,
+            metadata={"reward_weights": weights, "answer_format": "boxed"},
+        )
+        for t in TASKS[:3]
+    ]
     comps = ["\\boxed{0}", "2", "\\boxed{5} NOSCORE"]
     scores = score_tasks(tasks, comps, judge={"url": server.url})
     assert isinstance(scores, Scores)

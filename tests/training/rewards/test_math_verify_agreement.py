@@ -84,8 +84,10 @@ def test_our_verifier_agrees_with_math_verify_on_every_pair(checker) -> None:
     disagreements = [(g, c, o, t) for (g, c, _), o, t in zip(CORPUS, ours, theirs) if o != t]
     assert disagreements == []
     assert ours == labels  # every correct form accepted, no wrong answer accepted
-    print(f"agreement: {len(CORPUS) - len(disagreements)}/{len(CORPUS)} pairs; wrong answers accepted: "
-          f"{sum(o and not ok for o, ok in zip(ours, labels))}")
+    print(
+        f"agreement: {len(CORPUS) - len(disagreements)}/{len(CORPUS)} pairs; wrong answers accepted: "
+        f"{sum(o and not ok for o, ok in zip(ours, labels))}"
+    )
 
 
 def test_exact_numeric_path_decides_plain_numbers_without_math_verify() -> None:
@@ -93,8 +95,9 @@ def test_exact_numeric_path_decides_plain_numbers_without_math_verify() -> None:
         def equal_many(self, pairs):
             raise AssertionError(f"math-verify asked about {pairs}")
 
-    assert verify_many(["#### 72", "the answer is 1,234.", "x = 0.75", "#### 71"], ["72", "1234", "3/4", "72"],
-                       checker=Refuse()) == [True, True, True, False]
+    assert verify_many(
+        ["#### 72", "the answer is 1,234.", "x = 0.75", "#### 71"], ["72", "1234", "3/4", "72"], checker=Refuse()
+    ) == [True, True, True, False]
     # deliberately stricter than math-verify's 6-digit float rounding: an approximation is not the answer
     assert verify_many(["\\boxed{0.333333}"], ["1/3"], checker=Refuse()) == [False]
 

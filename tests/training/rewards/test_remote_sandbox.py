@@ -24,15 +24,15 @@ REPO = Path(__file__).resolve().parents[3]
 TESTS = [{"call": "add(2, 3)", "expected": 5}, {"call": "add(-1, 1)", "expected": 0}]
 TASK = Task("add", "code", "write add", "code", tests=TESTS)
 COMPLETIONS = [
-    "def add(a, b):\n    return a + b\n",                                           # passes
-    "def add(a, b):\n    return a - b\n",                                           # wrong value
-    "```python\ndef add(a, b):\n    return a + b\n```",                              # fenced, passes
-    "def add(a, b):\n    while True:\n        pass\n",                              # timeout
+    "def add(a, b):\n    return a + b\n",  # passes
+    "def add(a, b):\n    return a - b\n",  # wrong value
+    "```python\ndef add(a, b):\n    return a + b\n```",  # fenced, passes
+    "def add(a, b):\n    while True:\n        pass\n",  # timeout
     # hostile: tries to forge its verdict, fork-bomb, read the host and phone home; must score 0
     "import os, socket\nprint('PASSED')\ntry:\n    socket.create_connection(('1.1.1.1', 53), 1)\nexcept OSError:\n"
     "    pass\nfor _ in range(50):\n    try:\n        os.fork()\n    except OSError:\n        break\n"
     "def add(a, b):\n    os._exit(0)\n",
-    "def add(a, b) return",                                                         # not Python
+    "def add(a, b) return",  # not Python
 ]
 EXPECTED = [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
 
@@ -50,8 +50,25 @@ def _serve(env_token: str | None, *extra: str) -> tuple[subprocess.Popen[str], s
     env = {k: v for k, v in os.environ.items() if k != "POSTTRAIN_SANDBOX_TOKEN"}
     if env_token is not None:
         env["POSTTRAIN_SANDBOX_TOKEN"] = env_token
-    proc = subprocess.Popen([sys.executable, "-m", "sandbox", "serve", "--host", "127.0.0.1", "--port", str(port),
-                             "--concurrency", "2", *extra], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sandbox",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--concurrency",
+            "2",
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -109,8 +126,9 @@ def test_remote_rewards_equal_local(remote) -> None:
     local_scores = list(score_tasks(tasks, COMPLETIONS))
     local_verdicts = code_mod._verdicts(tasks, COMPLETIONS)
     assert remote_scores == local_scores == EXPECTED
-    assert ([(v.status, v.passed, v.total) if v else None for v in remote_verdicts]
-            == [(v.status, v.passed, v.total) if v else None for v in local_verdicts])
+    assert [(v.status, v.passed, v.total) if v else None for v in remote_verdicts] == [
+        (v.status, v.passed, v.total) if v else None for v in local_verdicts
+    ]
     assert remote_verdicts[3].status.value == "timeout"
 
 
@@ -157,6 +175,12 @@ def test_server_refuses_to_start_without_a_token() -> None:
     # --insecure-loopback is for 127.0.0.1 only: on a routable address it still refuses
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "POSTTRAIN_SANDBOX_TOKEN"}
-    out = subprocess.run([sys.executable, "-m", "sandbox", "serve", "--host", "0.0.0.0", "--port", str(port),
-                          "--insecure-loopback"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "sandbox", "serve", "--host", "0.0.0.0", "--port", str(port), "--insecure-loopback"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "POSTTRAIN_SANDBOX_TOKEN is not set" in out.stderr

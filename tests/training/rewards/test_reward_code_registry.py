@@ -12,8 +12,9 @@ from training.rewards.code import assemble_program, code_reward, extract_program
 from training.tasksets.generators import generate
 from training.tasksets.schema import Task
 
-needs_sandbox = pytest.mark.skipif(importlib.util.find_spec("sandbox") is None,
-                                   reason="sandbox/ is not importable in this checkout")
+needs_sandbox = pytest.mark.skipif(
+    importlib.util.find_spec("sandbox") is None, reason="sandbox/ is not importable in this checkout"
+)
 
 
 @pytest.fixture
@@ -38,8 +39,10 @@ def test_registry_names_and_conflicts() -> None:
         register_reward("math")(lambda prompts, completions, **c: [None] * len(completions))
     same = REWARDS["math"]
     assert register_reward("math")(same) is same  # re-registering the same function is harmless
-    with pytest.raises(UnknownVerifier, match="unknown verifier 'regex'; known verifiers: code, format, ifeval, "
-                                              "json_rules, judge, math"):
+    with pytest.raises(
+        UnknownVerifier,
+        match="unknown verifier 'regex'; known verifiers: code, format, ifeval, json_rules, judge, math",
+    ):
         get_reward("regex")
     with pytest.raises(UnknownVerifier, match="known verifiers"):
         score_tasks([Task("t", "math", "p", "regex")], ["1"])
@@ -54,8 +57,12 @@ def test_program_assembly() -> None:
 
 def test_code_reward_without_sandbox_work() -> None:
     # rows of other verifiers, empty completions and malformed tests never reach the sandbox
-    out = code_reward(["p"] * 3, ["", "def f(x): return x", "x"], tests=[[{"call": "f(1)", "expected": 1}],
-                      [{"call": "f(1"}], []], verifier=["code", "code", "math"])
+    out = code_reward(
+        ["p"] * 3,
+        ["", "def f(x): return x", "x"],
+        tests=[[{"call": "f(1)", "expected": 1}], [{"call": "f(1"}], []],
+        verifier=["code", "code", "math"],
+    )
     assert out == [0.0, 0.0, None]
 
 
@@ -64,10 +71,21 @@ def test_code_reward_runs_one_batch_in_sandbox(batches) -> None:
     import sandbox
 
     tests = [{"call": "f(2)", "expected": 5}, {"call": "f(-3)", "expected": 0}]
-    completions = ["def f(x): return x+3", "def f(x): return x+4", "```python\ndef f(x):\n    return 3+x\n```",
-                   "def f(x): return", "import time\ndef f(x):\n    while True: pass"]
-    out = code_reward(["p"] * 5, completions, tests=[tests] * 5, verifier=["code"] * 5,
-                      id=[f"t{i}" for i in range(5)], limits=sandbox.Limits(wall_s=1.5, cpu_s=1.0))
+    completions = [
+        "def f(x): return x+3",
+        "def f(x): return x+4",
+        "```python\ndef f(x):\n    return 3+x\n```",
+        "def f(x): return",
+        "import time\ndef f(x):\n    while True: pass",
+    ]
+    out = code_reward(
+        ["p"] * 5,
+        completions,
+        tests=[tests] * 5,
+        verifier=["code"] * 5,
+        id=[f"t{i}" for i in range(5)],
+        limits=sandbox.Limits(wall_s=1.5, cpu_s=1.0),
+    )
     assert out == [1.0, 0.0, 1.0, 0.0, 0.0]
     assert [len(b) for b in batches] == [5]
 
@@ -92,8 +110,13 @@ def test_a_group_repeating_a_program_runs_it_once_and_each_row_gets_its_verdict(
 @needs_sandbox
 def test_code_that_does_not_parse_scores_zero_without_a_sandbox_run(batches) -> None:
     tests = [{"call": "f(2)", "expected": 5}]
-    completions = ["def f(x) return x+3", "(" * 5000 + "1", "def f(x):\n    return x+3\x00", '{")*9',
-                   "def f(x): return x+3"]
+    completions = [
+        "def f(x) return x+3",
+        "(" * 5000 + "1",
+        "def f(x):\n    return x+3\x00",
+        '{")*9',
+        "def f(x): return x+3",
+    ]
     out = code_reward(["p"] * 5, completions, tests=[tests] * 5, verifier=["code"] * 5)
     assert out == [0.0, 0.0, 0.0, 0.0, 1.0]
     assert [job.program for b in batches for job in b] == ["def f(x): return x+3"]  # only the one that parses ran
@@ -104,8 +127,10 @@ def test_generated_references_pass_their_own_verifiers() -> None:
     """Every domain's reference completion scores 1.0 (code through the sandbox), and a wrong one 0.0."""
     tasks = generate("math", 10, 3) + generate("code", 15, 3) + generate("extraction", 10, 3)
     assert score_tasks(tasks, [t.reference for t in tasks]) == [1.0] * len(tasks)
-    wrong = ["0" if t.domain == "math" and t.answer != "0" else "def f(*a): return None" if t.domain == "code"
-             else "{}" for t in tasks]
+    wrong = [
+        "0" if t.domain == "math" and t.answer != "0" else "def f(*a): return None" if t.domain == "code" else "{}"
+        for t in tasks
+    ]
     scores = score_tasks(tasks, wrong)
     assert scores.count(1.0) <= 1  # "None" may happen to be right for no generated task; allow one fluke
 

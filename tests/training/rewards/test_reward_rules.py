@@ -6,8 +6,12 @@ import json
 
 from training.rewards.rules import _MISSING, extract_json, json_equal, json_rules_reward, rule_problems, verify
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 META = {"schema": SCHEMA}
 ANSWER = '{"name": "Bob", "age": 31}'
 
@@ -46,7 +50,8 @@ def test_rules() -> None:
     ok = {"contact": {"email": "bob@x.io"}, "age": 31}
     assert rule_problems(ok, rules) == []
     assert rule_problems({"contact": {"email": "bob"}, "age": 31}, rules) == [
-        "contact.email: 'bob' does not match '[^@\\\\s]+@[^@\\\\s]+\\\\.\\\\w+'"]
+        "contact.email: 'bob' does not match '[^@\\\\s]+@[^@\\\\s]+\\\\.\\\\w+'"
+    ]
     assert rule_problems({"age": 200}, rules) == ["contact.email: missing", "age: 200 violates max 150"]
     assert verify(json.dumps(ok), None, {"rules": rules})
     assert not verify('{"age": 31}', None, {"rules": rules})
@@ -57,9 +62,13 @@ def test_invalid_schema_verifies_nothing() -> None:
 
 
 def test_reward_fn_contract() -> None:
-    out = json_rules_reward(["p"] * 4, [ANSWER, '{"name": "Bob", "age": 30}', "x", ANSWER],
-                            answer=[ANSWER, ANSWER, ANSWER, None], metadata=[META, json.dumps(META), {}, {}],
-                            verifier=["json_rules", "json_rules", "json_rules", "math"])
+    out = json_rules_reward(
+        ["p"] * 4,
+        [ANSWER, '{"name": "Bob", "age": 30}', "x", ANSWER],
+        answer=[ANSWER, ANSWER, ANSWER, None],
+        metadata=[META, json.dumps(META), {}, {}],
+        verifier=["json_rules", "json_rules", "json_rules", "math"],
+    )
     assert out == [1.0, 0.0, 0.0, None]
 
 

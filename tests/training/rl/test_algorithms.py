@@ -20,8 +20,10 @@ def test_group_advantages_with_std() -> None:
     # group [1, 0, 0, 0]: mean .25, deviations [.75, -.25, -.25, -.25]
     # var = (.5625 + 3 * .0625) / 3 = .25, std = .5 -> [1.5, -.5, -.5, -.5]
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
-    close(A.group_advantages(rewards, normalize_std=True, eps=0.0),
-          [[0.866025, -0.866025, -0.866025, 0.866025], [1.5, -0.5, -0.5, -0.5]])
+    close(
+        A.group_advantages(rewards, normalize_std=True, eps=0.0),
+        [[0.866025, -0.866025, -0.866025, 0.866025], [1.5, -0.5, -0.5, -0.5]],
+    )
 
 
 def test_group_advantages_without_std_and_uniform_group() -> None:
@@ -62,8 +64,14 @@ def test_clipped_policy_loss_per_token_cases() -> None:
     mask = torch.ones(4, 1)
     expected = [-1.2, 1.5, -0.5, 0.8]
     for i in range(4):
-        loss, stats = A.clipped_policy_loss(torch.log(ratios[i:i + 1]), torch.zeros(1, 1), adv[i:i + 1], mask[i:i + 1],
-                                            clip_low=0.2, clip_high=0.2)
+        loss, stats = A.clipped_policy_loss(
+            torch.log(ratios[i : i + 1]),
+            torch.zeros(1, 1),
+            adv[i : i + 1],
+            mask[i : i + 1],
+            clip_low=0.2,
+            clip_high=0.2,
+        )
         assert loss.item() == pytest.approx(expected[i], abs=1e-6)
         assert stats["clip_frac"].item() == (1.0 if i in (0, 3) else 0.0)
     # all four at once, token-mean: (-1.2 + 1.5 - .5 + .8) / 4 = 0.15
@@ -74,8 +82,9 @@ def test_clipped_policy_loss_per_token_cases() -> None:
 def test_clip_higher_and_gradients() -> None:
     # clip_high = .28: ratio 1.25, A=+1 is inside [0.8, 1.28] -> loss -1.25, gradient d(-r)/dlogp = -r = -1.25
     logp = torch.log(torch.tensor([[1.25]])).requires_grad_(True)
-    loss, _ = A.clipped_policy_loss(logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1),
-                                    clip_low=0.2, clip_high=0.28)
+    loss, _ = A.clipped_policy_loss(
+        logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), clip_low=0.2, clip_high=0.28
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-1.25) and logp.grad.item() == pytest.approx(-1.25)
     # with clip_high = .2 the same token is clipped: loss -1.2 and no gradient
@@ -103,8 +112,9 @@ def test_aggregation_modes() -> None:
 def test_grpo_loss_adds_beta_times_kl() -> None:
     # on-policy (ratio 1), A = 1: pg = -1; KL k3 of p=.5 vs q=.25 = 0.193147; beta .1 -> -1 + .0193147
     logp = torch.log(torch.tensor([[0.5]]))
-    loss, stats = A.grpo_loss(logp, logp, torch.log(torch.tensor([[0.25]])), torch.tensor([1.0]),
-                              torch.ones(1, 1), beta=0.1)
+    loss, stats = A.grpo_loss(
+        logp, logp, torch.log(torch.tensor([[0.25]])), torch.tensor([1.0]), torch.ones(1, 1), beta=0.1
+    )
     assert loss.item() == pytest.approx(-1 + 0.1 * 0.193147, abs=1e-6)
     assert stats["kl_ref"].item() == pytest.approx(0.193147, abs=1e-6)
     assert stats["pg_loss"].item() == pytest.approx(-1.0)
@@ -119,9 +129,11 @@ def test_token_logprobs() -> None:
 
 def test_registry_refuses_conflicting_registration() -> None:
     with pytest.raises(ValueError, match="already registered"):
+
         @A.register_advantage("grpo")
         def other(rewards, normalize_std=True, eps=1e-6):  # noqa: ARG001
             return rewards
+
     assert A.get_advantage("grpo") is A.group_advantages
     A.register_advantage("grpo")(A.group_advantages)  # the same function again is fine (module reloads)
     with pytest.raises(ValueError, match="registered: dr_grpo, grpo"):

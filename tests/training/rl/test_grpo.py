@@ -28,8 +28,11 @@ TINY = models.TinyModelConfig(n_layer=1, n_embd=32, n_head=2)
 
 def test_domain_counts_largest_remainder() -> None:
     # 10 * [.5, .25, .25] = [5, 2.5, 2.5] -> floors [5, 2, 2], one left goes to the larger remainder, ties by name
-    assert domain_counts({"math": 0.5, "code": 0.25, "extraction": 0.25}, ["code", "extraction", "math"], 10) == \
-        {"code": 3, "extraction": 2, "math": 5}
+    assert domain_counts({"math": 0.5, "code": 0.25, "extraction": 0.25}, ["code", "extraction", "math"], 10) == {
+        "code": 3,
+        "extraction": 2,
+        "math": 5,
+    }
     assert domain_counts({}, ["a", "b"], 3) == {"a": 2, "b": 1}
     assert domain_counts({"a": 1.0}, ["a", "b"], 4) == {"a": 4, "b": 0}
     with pytest.raises(ValueError):
@@ -62,7 +65,7 @@ def test_pick_prompts_follows_counts_and_curriculum() -> None:
 
 def test_derive_seed_is_stable() -> None:
     assert derive_seed(0, 1, 2) == derive_seed(0, 1, 2) != derive_seed(0, 1, 3)
-    assert 0 <= derive_seed("x") < 2 ** 63
+    assert 0 <= derive_seed("x") < 2**63
 
 
 def test_config_validation() -> None:
@@ -78,14 +81,20 @@ def test_step_updates_policy_and_is_deterministic(tiny_model, monkeypatch) -> No
     import training.rewards
 
     # An untrained model earns 0 everywhere; a length-parity reward gives every group some variance.
-    monkeypatch.setattr(training.rewards, "score_tasks",
-                        lambda tasks, texts: [float(len(t) % 2) for t in texts])
+    monkeypatch.setattr(training.rewards, "score_tasks", lambda tasks, texts: [float(len(t) % 2) for t in texts])
 
     from tests.training.conftest import make_tasks
 
     model, tok = tiny_model
-    cfg = GRPOConfig(prompts_per_step=4, samples_per_prompt=4, max_new_tokens=6, dynamic_sampling=False,
-                     beta=0.05, device="cpu", lr=1e-2)
+    cfg = GRPOConfig(
+        prompts_per_step=4,
+        samples_per_prompt=4,
+        max_new_tokens=6,
+        dynamic_sampling=False,
+        beta=0.05,
+        device="cpu",
+        lr=1e-2,
+    )
 
     def run() -> tuple[dict, dict]:
         policy = copy.deepcopy(model).train()
@@ -104,8 +113,14 @@ def test_step_updates_policy_and_is_deterministic(tiny_model, monkeypatch) -> No
 
     assert untimed(m1) == untimed(m2)
     # the per-phase breakdown of the step (training.phases), logged to MLflow with the other metrics
-    phases = {"time/rollout_s", "time/reward_s", "time/reference_s", "time/policy_s", "time/optimizer_s",
-              "time/weight_sync_s"}
+    phases = {
+        "time/rollout_s",
+        "time/reward_s",
+        "time/reference_s",
+        "time/policy_s",
+        "time/optimizer_s",
+        "time/weight_sync_s",
+    }
     assert phases <= set(m1) and all(m1[k] >= 0 for k in phases)
     assert sum(v for k, v in m1.items() if k.startswith("time/")) <= m1["step_seconds"] + 0.05
     assert all(torch.equal(s1[k], s2[k]) for k in s1)
@@ -114,13 +129,24 @@ def test_step_updates_policy_and_is_deterministic(tiny_model, monkeypatch) -> No
 
 @pytest.fixture
 def sft_run(taskset_run):
-    stage.run_stage("sft", SFTConfig(max_steps=20, batch_size=4, max_seq_len=64, vocab_size=300, tiny=TINY,
-                                     checkpoint_every=0), taskset_run, sft_train)
+    stage.run_stage(
+        "sft",
+        SFTConfig(max_steps=20, batch_size=4, max_seq_len=64, vocab_size=300, tiny=TINY, checkpoint_every=0),
+        taskset_run,
+        sft_train,
+    )
     return taskset_run
 
 
-ROUND = dict(steps=4, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=6, checkpoint_every=2,
-             device="cpu", holdout_per_domain=5)
+ROUND = dict(
+    steps=4,
+    prompts_per_step=4,
+    samples_per_prompt=4,
+    max_new_tokens=6,
+    checkpoint_every=2,
+    device="cpu",
+    holdout_per_domain=5,
+)
 
 
 def test_round_stage_outputs(sft_run) -> None:
@@ -139,15 +165,25 @@ def test_round_stage_outputs(sft_run) -> None:
 
 
 def _round_cmd(run_uri: str, cfg: dict) -> list[str]:
-    return [sys.executable, "-m", "training.cli", "rl-round", "--round", "1", "--run", run_uri,
-            "--config", json.dumps(cfg)]
+    return [
+        sys.executable,
+        "-m",
+        "training.cli",
+        "rl-round",
+        "--round",
+        "1",
+        "--run",
+        run_uri,
+        "--config",
+        json.dumps(cfg),
+    ]
 
 
 def _copy_run(src: str, dest: Path) -> str:
     import shutil
 
     for name in ("taskset", "sft"):
-        shutil.copytree(Path(src[len("file://"):]) / name, dest / name)
+        shutil.copytree(Path(src[len("file://") :]) / name, dest / name)
     return f"file://{dest}"
 
 
@@ -164,9 +200,10 @@ def test_killed_round_resumes_to_identical_result(sft_run, tmp_path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     expected = stage.parse_result(out.stdout)
 
-    proc = subprocess.Popen(_round_cmd(killed, cfg), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    first_ckpt = Path(killed[len("file://"):]) / "rl_round_1" / "checkpoints" / "step-00000004" / "manifest.json"
+    proc = subprocess.Popen(
+        _round_cmd(killed, cfg), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    first_ckpt = Path(killed[len("file://") :]) / "rl_round_1" / "checkpoints" / "step-00000004" / "manifest.json"
     deadline = time.monotonic() + 240
     while not first_ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -184,6 +221,8 @@ def test_killed_round_resumes_to_identical_result(sft_run, tmp_path) -> None:
     a = models.load_model(storage.join(clean, "rl_round_1"), "model")[0].state_dict()
     b = models.load_model(storage.join(killed, "rl_round_1"), "model")[0].state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    history = lambda uri: storage.read_json(storage.read_manifest(storage.join(uri, "rl_round_1")),  # noqa: E731
-                                            "round_report.json")["history"]
+    history = lambda uri: storage.read_json(
+        storage.read_manifest(storage.join(uri, "rl_round_1")),  # noqa: E731
+        "round_report.json",
+    )["history"]
     assert history(killed) == history(clean)

@@ -25,11 +25,13 @@ def test_pack_groups_layout_by_hand() -> None:
     assert b.predictor.tolist() == [[1, 2], [1, 0]]
     assert b.completion_ids.tolist() == [[7, 8], [9, 0]] and b.completion_mask.tolist() == [[1, 1], [1, 0]]
     allowed = (b.attention_mask[0, 0] == 0).int().tolist()
-    assert allowed == [[1, 0, 0, 0, 0],
-                       [1, 1, 0, 0, 0],
-                       [1, 1, 1, 0, 0],
-                       [1, 1, 1, 1, 0],
-                       [1, 1, 0, 0, 1]]  # 9 sees the prompt and itself, not the other completion
+    assert allowed == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0],
+        [1, 1, 0, 0, 1],
+    ]  # 9 sees the prompt and itself, not the other completion
 
 
 def test_pack_groups_pads_rows_and_lets_padding_attend_to_itself() -> None:
@@ -56,13 +58,18 @@ def test_packed_logprobs_and_gradients_equal_the_plain_forward(engine, temperatu
     tok, model = engine.tokenizer, engine.model
     plain = build_batch(tok, prompts, comps, torch.zeros(len(comps)), torch.device("cpu"))
     prompt_ids = tok(PROMPTS, add_special_tokens=False)["input_ids"]
-    packed = pack_groups(prompt_ids, [[c.token_ids for c in g] for g in groups], torch.zeros(len(comps)),
-                         tok.pad_token_id, torch.device("cpu"))
+    packed = pack_groups(
+        prompt_ids,
+        [[c.token_ids for c in g] for g in groups],
+        torch.zeros(len(comps)),
+        tok.pad_token_id,
+        torch.device("cpu"),
+    )
     a = completion_logprobs(model, plain, temperature)  # (N, L)
     b = completion_logprobs(model, packed, temperature)  # (N, L')
-    assert torch.equal(plain.completion_mask[:, :b.shape[1]], packed.completion_mask)
+    assert torch.equal(plain.completion_mask[:, : b.shape[1]], packed.completion_mask)
     mask = packed.completion_mask.bool()
-    torch.testing.assert_close(a[:, :b.shape[1]][mask], b[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a[:, : b.shape[1]][mask], b[mask], atol=1e-5, rtol=1e-5)
     ga = torch.autograd.grad((a * plain.completion_mask).sum(), list(model.parameters()))
     gb = torch.autograd.grad((b * packed.completion_mask).sum(), list(model.parameters()))
     for x, y in zip(ga, gb):
@@ -85,8 +92,9 @@ def test_update_is_the_same_packed_or_padded(engine) -> None:
         stats = policy_update(model, ref, opt, chunks, GRPOConfig(beta=0.05, updates_per_batch=1))
         results.append((stats, [p.detach().clone() for p in model.parameters()]))
     (s1, w1), (s2, w2) = results
-    assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-5) and s1["grad_norm"] == pytest.approx(s2["grad_norm"],
-                                                                                                 rel=1e-4)
+    assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-5) and s1["grad_norm"] == pytest.approx(
+        s2["grad_norm"], rel=1e-4
+    )
     for x, y in zip(w1, w2):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
 
@@ -124,8 +132,9 @@ def test_micro_batches_choose_the_cheaper_layout(engine) -> None:
     adv = torch.zeros(4)
     packed = micro_batches(engine.tokenizer, PROMPTS[:2], groups, adv, torch.device("cpu"), size=0, packed=True)
     assert all(isinstance(c, PackedGroups) for c in packed)  # pair_cost 0: always packed, as before
-    padded = micro_batches(engine.tokenizer, PROMPTS[:2], groups, adv, torch.device("cpu"), size=0, packed=True,
-                           pair_cost=1e6)  # attention dearer than anything: the padded layout
+    padded = micro_batches(
+        engine.tokenizer, PROMPTS[:2], groups, adv, torch.device("cpu"), size=0, packed=True, pair_cost=1e6
+    )  # attention dearer than anything: the padded layout
     assert not any(isinstance(c, PackedGroups) for c in padded)
     assert torch.equal(packed[0].completion_mask, padded[0].completion_mask)  # same groups, same order
     with torch.no_grad():

@@ -25,8 +25,12 @@ def test_multi_turn_round_beats_single_turn_on_self_repair(tmp_path, local_mlflo
     from benchmarks.multiturn import run_seed
 
     r = run_seed(SEED, {}, tmp_path, own_tracking=False)
-    print({name: {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
-           for name, figures in r.items()})
+    print(
+        {
+            name: {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
+            for name, figures in r.items()
+        }
+    )
     single, multi = r["single"], r["multi"]
     assert multi["within2"] - single["within2"] >= 0.10, r
     assert multi["first"] >= single["first"], r

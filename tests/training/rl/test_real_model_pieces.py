@@ -15,8 +15,17 @@ from training.tasksets.schema import Task
 
 
 def _task(i: int, prompt: str, reference: str = "7") -> Task:
-    return Task(id=f"t{i}", domain="math", difficulty=1, prompt=prompt, reference=reference, answer=reference,
-                tests=[], verifier="math", metadata={})
+    return Task(
+        id=f"t{i}",
+        domain="math",
+        difficulty=1,
+        prompt=prompt,
+        reference=reference,
+        answer=reference,
+        tests=[],
+        verifier="math",
+        metadata={},
+    )
 
 
 def test_sft_fails_naming_the_longest_when_too_many_examples_are_over_length(tiny_model) -> None:
@@ -24,8 +33,10 @@ def test_sft_fails_naming_the_longest_when_too_many_examples_are_over_length(tin
 
     _, tok = tiny_model
     fmt = PromptFormat(tok)
-    tasks = [_task(i, "Q: 1+1=? A:", "2") for i in range(98)] + [_task(98, "Q: " + "9+" * 40 + "1=? A:"),
-                                                                   _task(99, "Q: " + "9+" * 20 + "1=? A:")]
+    tasks = [_task(i, "Q: 1+1=? A:", "2") for i in range(98)] + [
+        _task(98, "Q: " + "9+" * 40 + "1=? A:"),
+        _task(99, "Q: " + "9+" * 20 + "1=? A:"),
+    ]
     longest = len(fmt.sft_example(tasks[98]).input_ids)
     with pytest.raises(ExamplesTooLong, match=rf"2 of 100 examples .* longest is task 't98' at {longest} tokens"):
         encode_examples(fmt, tasks, max_seq_len=40, max_overlong_share=0.01)
@@ -101,8 +112,9 @@ def test_lora_reference_is_the_adapter_disabled_base(tiny_model) -> None:
         for name, p in policy.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)  # a trained adapter: the policy now differs from its base
-    completions = [Completion(token_ids=tok("15", add_special_tokens=False)["input_ids"] + [tok.eos_token_id],
-                              text="15")]
+    completions = [
+        Completion(token_ids=tok("15", add_special_tokens=False)["input_ids"] + [tok.eos_token_id], text="15")
+    ]
     batch = build_batch(tok, ["Q: 12+3=? A:"], completions, torch.zeros(1), torch.device("cpu"))
     with torch.no_grad():
         ref = reference_logprobs(policy, None, batch, 1.0)

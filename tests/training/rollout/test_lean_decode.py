@@ -15,17 +15,34 @@ def build(kind: str, **extra):
 
     if kind == "gpt2":  # the tiny profile's architecture (training/modeling/models.py), dropout on as it trains
         torch.manual_seed(0)
-        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=256, **extra)).eval()
+        return transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=256, **extra)
+        ).eval()
 
-    common = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, **extra)
+    common = dict(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        **extra,
+    )
     config = {
         "llama": lambda: transformers.LlamaConfig(**common),
         "llama3-rope": lambda: transformers.LlamaConfig(
-            **common, attention_bias=True, mlp_bias=True,
-            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                          "original_max_position_embeddings": 64}),
+            **common,
+            attention_bias=True,
+            mlp_bias=True,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
         "qwen2": lambda: transformers.Qwen2Config(**common),
         "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=24),
         "mistral": lambda: transformers.MistralConfig(**{"sliding_window": None, **common}),
@@ -62,8 +79,9 @@ def test_steps_give_the_model_s_logits_with_padding_and_dropped_rows(kind: str, 
         nxt, npos = torch.randint(3, 97, (A,), generator=g), pos[:, -1] + 1
         for t in range(6):
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            ref = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=npos[:, None], use_cache=True,
-                        **{kw: past})
+            ref = model(
+                input_ids=nxt[:, None], attention_mask=attn, position_ids=npos[:, None], use_cache=True, **{kw: past}
+            )
             past = cache_of(ref)
             got = lean.step(nxt, npos)
             assert got.shape == (nxt.shape[0], 97)
@@ -121,19 +139,21 @@ def test_engine_greedy_and_sampled_rollouts_match_the_model_s_own_forward(kind: 
     from types import SimpleNamespace
 
     model = build(kind)
-    tok = SimpleNamespace(pad_token_id=0, eos_token_id=1, decode=lambda ids, skip_special_tokens=True: " ".join(
-        map(str, ids)))
+    tok = SimpleNamespace(
+        pad_token_id=0, eos_token_id=1, decode=lambda ids, skip_special_tokens=True: " ".join(map(str, ids))
+    )
     prompts = [[5, 9, 14, 3], [7, 8], [20, 21, 22, 23, 24, 25]]
     runs = {}
     for lean in (True, False):
         engine = HFRolloutEngine(model, tok, batch_size=8, stop_ids=[1, 2], lean=lean)
-        runs[lean] = (engine.generate(prompts, 3, 20, temperature=0.0),
-                      engine.generate(prompts, 3, 20, temperature=1.0, seed=4))
+        runs[lean] = (
+            engine.generate(prompts, 3, 20, temperature=0.0),
+            engine.generate(prompts, 3, 20, temperature=1.0, seed=4),
+        )
     for fast_groups, plain_groups in zip(runs[True], runs[False]):
         for fast, plain in zip(sum(fast_groups, []), sum(plain_groups, [])):
             assert fast.token_ids == plain.token_ids
             assert fast.finish_reason == plain.finish_reason
-            torch.testing.assert_close(torch.tensor(fast.logprobs), torch.tensor(plain.logprobs), atol=1e-4,
-                                       rtol=1e-4)
+            torch.testing.assert_close(torch.tensor(fast.logprobs), torch.tensor(plain.logprobs), atol=1e-4, rtol=1e-4)
     sampled = [c for g in runs[True][1] for c in g]
     assert len({tuple(c.token_ids) for c in sampled}) > 1  # sampling, not one repeated answer

@@ -78,7 +78,7 @@ def test_logprobs_match_a_forward_pass(engine, temperature) -> None:
     with torch.no_grad():
         logp = completion_logprobs(engine.model, batch, temperature)  # (N, L)
     for i, c in enumerate(comps):
-        torch.testing.assert_close(logp[i, :len(c.token_ids)], torch.tensor(c.logprobs), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logp[i, : len(c.token_ids)], torch.tensor(c.logprobs), atol=1e-4, rtol=1e-4)
 
 
 def test_update_weights_from_state_dict_and_folder(tiny_model, tmp_path) -> None:
@@ -179,10 +179,10 @@ def test_reserved_cache_gives_the_concatenating_cache_s_logits_exactly(tiny_mode
                 assert select_cache_rows(plain, keep) and select_cache_rows(reserved, keep)
                 attn, next_pos, tok = attn[keep], next_pos[keep], tok[keep]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            a = model(input_ids=tok, attention_mask=attn, position_ids=next_pos[:, None], use_cache=True,
-                      **{kw: plain})
-            b = model(input_ids=tok, attention_mask=attn, position_ids=next_pos[:, None], use_cache=True,
-                      **{kw: reserved})
+            a = model(input_ids=tok, attention_mask=attn, position_ids=next_pos[:, None], use_cache=True, **{kw: plain})
+            b = model(
+                input_ids=tok, attention_mask=attn, position_ids=next_pos[:, None], use_cache=True, **{kw: reserved}
+            )
             plain, reserved, next_pos = cache_of(a), cache_of(b), next_pos + 1
             assert torch.equal(a.logits, b.logits), t
             assert torch.equal(plain.layers[0].keys, reserved.layers[0].keys), t

@@ -28,8 +28,7 @@ def _verdict(run_uri: str) -> dict:
 
 
 def test_degraded_candidate_blocked_and_promote_refused(file_run_uri, local_mlflow, capsys) -> None:
-    _plant(file_run_uri, {"models": {"candidate": _model(math=0.62, code=0.10),
-                                     "sft": _model(math=0.40, code=0.35)}})
+    _plant(file_run_uri, {"models": {"candidate": _model(math=0.62, code=0.10), "sft": _model(math=0.40, code=0.35)}})
     assert cli.main(["gate", "--run", file_run_uri]) == 0
     verdict = _verdict(file_run_uri)
     assert verdict["decision"] == "block"
@@ -41,10 +40,16 @@ def test_degraded_candidate_blocked_and_promote_refused(file_run_uri, local_mlfl
 
 
 def test_reward_hack_blocked(file_run_uri, local_mlflow) -> None:
-    _plant(file_run_uri, {
-        "models": {"candidate": _model(math=0.20, code=0.30), "sft": _model(math=0.45, code=0.30)},
-        "rounds": [{"stage": "rl_round_1", "train_reward_mean": 0.30},
-                   {"stage": "rl_round_2", "train_reward_mean": 0.70}]})
+    _plant(
+        file_run_uri,
+        {
+            "models": {"candidate": _model(math=0.20, code=0.30), "sft": _model(math=0.45, code=0.30)},
+            "rounds": [
+                {"stage": "rl_round_1", "train_reward_mean": 0.30},
+                {"stage": "rl_round_2", "train_reward_mean": 0.70},
+            ],
+        },
+    )
     assert cli.main(["gate", "--run", file_run_uri, "--set", 'references=["champion"]']) == 0
     verdict = _verdict(file_run_uri)
     assert verdict["decision"] == "block"
@@ -52,15 +57,15 @@ def test_reward_hack_blocked(file_run_uri, local_mlflow) -> None:
 
 
 def test_improvement_promoted_and_alias_moves(file_run_uri, local_mlflow, capsys) -> None:
-    cand_uri = _plant(file_run_uri, {"models": {"candidate": _model(math=0.70, code=0.36),
-                                                "sft": _model(math=0.40, code=0.35)}})
+    cand_uri = _plant(
+        file_run_uri, {"models": {"candidate": _model(math=0.70, code=0.36), "sft": _model(math=0.40, code=0.35)}}
+    )
     assert cli.main(["gate", "--run", file_run_uri]) == 0
     assert _verdict(file_run_uri)["decision"] == "promote"
     assert cli.main(["promote", "--run", file_run_uri, "--set", "model_name=m-good"]) == 0
     champ = registry.champion("m-good")
     assert champ is not None and champ.source == cand_uri and champ.version == "1"
-    promotion = storage.read_json(storage.require_manifest(storage.join(file_run_uri, "promote")),
-                                  "promotion.json")
+    promotion = storage.read_json(storage.require_manifest(storage.join(file_run_uri, "promote")), "promotion.json")
     assert promotion == {"model_name": "m-good", "version": "1", "alias": "champion", "source": cand_uri}
     out = capsys.readouterr().out
     assert json.loads(out.strip().splitlines()[-1].split(" ", 1)[1])["summary"]["version"] == "1"
@@ -68,24 +73,35 @@ def test_improvement_promoted_and_alias_moves(file_run_uri, local_mlflow, capsys
 
 def _full_model(pass1: float, fmt: float, long_ctx: float) -> dict:
     """A model report with the dimensions the gate reads, 100 holdout tasks per domain."""
-    return {"uri": "", "domains": {d: {
-        "pass1": {"passed": round(pass1 * 100), "total": 100},
-        "format": {"passed": round(fmt * 100), "total": 100}, "format_rate": fmt,
-        "long_context_sweep": [{"fraction": f, "passed": round(long_ctx * 40), "total": 40} for f in (0.25, 0.5)],
-        "long_context": {"passed": round(long_ctx * 40), "total": 40, "consistency": None}}
-        for d in ("math", "code")}}
+    return {
+        "uri": "",
+        "domains": {
+            d: {
+                "pass1": {"passed": round(pass1 * 100), "total": 100},
+                "format": {"passed": round(fmt * 100), "total": 100},
+                "format_rate": fmt,
+                "long_context_sweep": [
+                    {"fraction": f, "passed": round(long_ctx * 40), "total": 40} for f in (0.25, 0.5)
+                ],
+                "long_context": {"passed": round(long_ctx * 40), "total": 40, "consistency": None},
+            }
+            for d in ("math", "code")
+        },
+    }
 
 
 def test_verdict_names_rule_and_numbers_for_each_planted_case(file_run_uri, local_mlflow) -> None:
     # better pass@1, collapsed format and long context: blocked on format by default
-    _plant(file_run_uri, {"models": {"candidate": _full_model(0.60, 0.30, 0.10),
-                                     "sft": _full_model(0.45, 0.95, 0.40)}})
+    _plant(file_run_uri, {"models": {"candidate": _full_model(0.60, 0.30, 0.10), "sft": _full_model(0.45, 0.95, 0.40)}})
     assert cli.main(["gate", "--run", file_run_uri, "--set", 'metrics=["pass1", "format", "long_context"]']) == 0
     verdict = _verdict(file_run_uri)
     assert verdict["decision"] == "block"
     assert sorted((f["rule"], f["metric"], f["domain"]) for f in verdict["findings"]) == [
-        ("regression", "format", "code"), ("regression", "format", "math"),
-        ("regression", "long_context", "code"), ("regression", "long_context", "math")]
+        ("regression", "format", "code"),
+        ("regression", "format", "math"),
+        ("regression", "long_context", "code"),
+        ("regression", "long_context", "math"),
+    ]
     lc = next(f for f in verdict["findings"] if f["metric"] == "long_context")
     assert lc["numbers"]["candidate"] == 0.10 and lc["numbers"]["reference"] == 0.40  # summed over the sweep
     assert all("[rule regression, " in r for r in verdict["reasons"])
@@ -99,14 +115,25 @@ def test_metric_counts_read_every_dimension() -> None:
     from training.evaluation.gate_rules import Counts
     from training.stages.gate import metric_counts
 
-    report = {"domains": {
-        "code": {"pass1": {"passed": 30, "total": 50}, "pass1_strict": {"passed": 28, "total": 50},
-                 "format_rate": 0.9,  # an older report: the rate only -> 45/50
-                 "long_context": {"passed": 7, "total": 20, "consistency": 0.5},
-                 "self_repair": {"failed_first": 20, "repaired_within": {"1": 4, "2": 6}}},
-        "math": {"pass1": {"passed": 10, "total": 40}, "format": {"passed": 38, "total": 40},
-                 "long_context_sweep": [{"fraction": 0.1, "passed": 5, "total": 10},
-                                        {"fraction": 0.5, "passed": 1, "total": 10}]}}}
+    report = {
+        "domains": {
+            "code": {
+                "pass1": {"passed": 30, "total": 50},
+                "pass1_strict": {"passed": 28, "total": 50},
+                "format_rate": 0.9,  # an older report: the rate only -> 45/50
+                "long_context": {"passed": 7, "total": 20, "consistency": 0.5},
+                "self_repair": {"failed_first": 20, "repaired_within": {"1": 4, "2": 6}},
+            },
+            "math": {
+                "pass1": {"passed": 10, "total": 40},
+                "format": {"passed": 38, "total": 40},
+                "long_context_sweep": [
+                    {"fraction": 0.1, "passed": 5, "total": 10},
+                    {"fraction": 0.5, "passed": 1, "total": 10},
+                ],
+            },
+        }
+    }
     assert metric_counts(report, "pass1_strict") == {"code": Counts(28, 50)}
     assert metric_counts(report, "format") == {"code": Counts(45, 50), "math": Counts(38, 40)}
     assert metric_counts(report, "long_context") == {"code": Counts(7, 20), "math": Counts(6, 20)}

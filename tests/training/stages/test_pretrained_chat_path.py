@@ -30,8 +30,12 @@ def gsm8k_rows(n: int, seed: int = 0) -> list[dict]:
     for _ in range(n):
         a, b = rng.randint(2, 60), rng.randint(2, 40)
         who, other, item = rng.choice(NAMES), rng.choice(NAMES), rng.choice(ITEMS)
-        rows.append({"question": f"{who} has {a} {item}. {other} gives {who} {b} more. How many {item} now?",
-                     "answer": f"{who} starts with {a} {item}.\n{a} + {b} = <<{a}+{b}={a + b}>>{a + b}\n#### {a + b}"})
+        rows.append(
+            {
+                "question": f"{who} has {a} {item}. {other} gives {who} {b} more. How many {item} now?",
+                "answer": f"{who} starts with {a} {item}.\n{a} + {b} = <<{a}+{b}={a + b}>>{a + b}\n#### {a + b}",
+            }
+        )
     return rows
 
 
@@ -40,11 +44,15 @@ def humaneval_rows(n: int) -> list[dict]:
     rows = []
     for i in range(n):
         k = i + 2
-        rows.append({
-            "task_id": f"Synth/{i}", "entry_point": f"times_{k}",
-            "prompt": f"def times_{k}(x: int) -> int:\n    \"\"\"Return x times {k}.\"\"\"\n",
-            "canonical_solution": f"    return x * {k}\n",
-            "test": f"def check(candidate):\n    assert candidate(3) == {3 * k}\n    assert candidate(0) == 0\n"})
+        rows.append(
+            {
+                "task_id": f"Synth/{i}",
+                "entry_point": f"times_{k}",
+                "prompt": f'def times_{k}(x: int) -> int:\n    """Return x times {k}."""\n',
+                "canonical_solution": f"    return x * {k}\n",
+                "test": f"def check(candidate):\n    assert candidate(3) == {3 * k}\n    assert candidate(0) == 0\n",
+            }
+        )
     return rows
 
 
@@ -52,8 +60,11 @@ def humaneval_rows(n: int) -> list[dict]:
 def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict], list[dict]]:
     root = tmp_path_factory.mktemp("chat-model")
     gsm, he = gsm8k_rows(160), humaneval_rows(24)
-    corpus = ([r["question"] + " " + r["answer"] for r in gsm] + [r["prompt"] + r["canonical_solution"] for r in he]
-              + [MATH_INSTRUCTION, "user assistant system"])
+    corpus = (
+        [r["question"] + " " + r["answer"] for r in gsm]
+        + [r["prompt"] + r["canonical_solution"] for r in he]
+        + [MATH_INSTRUCTION, "user assistant system"]
+    )
     return build_chatml_qwen2(root / "qwen2-chat", corpus), gsm, he
 
 
@@ -67,15 +78,26 @@ def test_stop_ids_are_every_eos_and_the_end_of_turn(chat_model_dir) -> None:
     fmt = PromptFormat(tok, ChatSettings(system_prompt="Be brief.", instructions={"math": "Use ####."}))
     from training.tasksets.schema import Task
 
-    task = Task(id="t1", domain="math", difficulty=1, prompt="What is 2+3?", reference="2 + 3 = 5\n#### 5",
-                answer="5", tests=[], verifier="math", metadata={})
-    assert tok.decode(fmt.prompt_ids(task)) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
-                                                "What is 2+3?\n\nUse ####.<|im_end|>\n<|im_start|>assistant\n")
+    task = Task(
+        id="t1",
+        domain="math",
+        difficulty=1,
+        prompt="What is 2+3?",
+        reference="2 + 3 = 5\n#### 5",
+        answer="5",
+        tests=[],
+        verifier="math",
+        metadata={},
+    )
+    assert tok.decode(fmt.prompt_ids(task)) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+        "What is 2+3?\n\nUse ####.<|im_end|>\n<|im_start|>assistant\n"
+    )
     ex = fmt.sft_example(task)
     trained = [t for t, m in zip(ex.input_ids, ex.loss_mask) if m]
     # The loss covers the assistant turn exactly: the reference and the end-of-turn token, not the "\n" after.
     assert tok.decode(trained) == "2 + 3 = 5\n#### 5<|im_end|>"
-    assert ex.input_ids[:len(fmt.prompt_ids(task))] == fmt.prompt_ids(task)
+    assert ex.input_ids[: len(fmt.prompt_ids(task))] == fmt.prompt_ids(task)
 
 
 def test_a_sampled_second_eos_also_stops(chat_model_dir) -> None:
@@ -94,10 +116,10 @@ def test_a_sampled_second_eos_also_stops(chat_model_dir) -> None:
     model.lm_head.register_forward_hook(prefer_endoftext)
     fmt = PromptFormat(tok, None, model.generation_config)
     engine = HFRolloutEngine(model, tok, stop_ids=fmt.stop_ids)
-    (only,), = engine.generate([tok("hello", add_special_tokens=False)["input_ids"]], 1, 8, temperature=0.0)
+    ((only,),) = engine.generate([tok("hello", add_special_tokens=False)["input_ids"]], 1, 8, temperature=0.0)
     assert only.token_ids == [endoftext] and only.finish_reason == "stop"
     plain = HFRolloutEngine(model, tok)  # eos_token (<|im_end|>) only: never stops on <|endoftext|>
-    (cut,), = plain.generate([tok("hello", add_special_tokens=False)["input_ids"]], 1, 8, temperature=0.0)
+    ((cut,),) = plain.generate([tok("hello", add_special_tokens=False)["input_ids"]], 1, 8, temperature=0.0)
     assert cut.finish_reason == "length" and len(cut.token_ids) == 8
 
 
@@ -121,16 +143,34 @@ def test_pretrained_chat_model_end_to_end(chat_model_dir, file_run_uri, local_ml
     he_file.write_text("".join(json.dumps(r) + "\n" for r in he))
     run = file_run_uri
 
-    taskset = from_dict(TasksetConfig, {
-        "profile": "data", "holdout_fraction": 0.2, "mix": {},
-        "sources": [{"path": str(gsm_file), "adapter": "gsm8k"}, {"path": str(he_file), "adapter": "humaneval"}]})
+    taskset = from_dict(
+        TasksetConfig,
+        {
+            "profile": "data",
+            "holdout_fraction": 0.2,
+            "mix": {},
+            "sources": [{"path": str(gsm_file), "adapter": "gsm8k"}, {"path": str(he_file), "adapter": "humaneval"}],
+        },
+    )
     built = stage.run_stage("taskset", taskset, run, taskset_body)
     assert built.summary["train_by_domain"]["math"] > 100 and built.summary["holdout_by_domain"]["code"] >= 4
 
-    sft_cfg = from_dict(SFTConfig, {
-        "base_model": str(folder), "max_steps": 45, "batch_size": 8, "lr": 3e-3, "warmup_steps": 5,
-        "min_lr_ratio": 1.0, "max_seq_len": 256, "checkpoint_every": 15, "keep_checkpoints": 1, "log_every": 15,
-        "chat": {"instructions": {"math": MATH_INSTRUCTION}}})
+    sft_cfg = from_dict(
+        SFTConfig,
+        {
+            "base_model": str(folder),
+            "max_steps": 45,
+            "batch_size": 8,
+            "lr": 3e-3,
+            "warmup_steps": 5,
+            "min_lr_ratio": 1.0,
+            "max_seq_len": 256,
+            "checkpoint_every": 15,
+            "keep_checkpoints": 1,
+            "log_every": 15,
+            "chat": {"instructions": {"math": MATH_INSTRUCTION}},
+        },
+    )
     sft = stage.run_stage("sft", sft_cfg, run, train)
     # Nothing was cut, and SFT trained chat-rendered conversations with the loss on the assistant turn only.
     assert sft.summary["examples_overlong_dropped"] == 0 and sft.summary["chat_template"] is True
@@ -157,24 +197,52 @@ def test_pretrained_chat_model_end_to_end(chat_model_dir, file_run_uri, local_ml
     assert stopped, "after SFT the model ends its answers"
     assert all(c.token_ids[-1] == im_end and im_end not in c.token_ids[:-1] for c in stopped)
 
-    rl_cfg = from_dict(GRPOConfig, {
-        "steps": 3, "prompts_per_step": 4, "samples_per_prompt": 4, "max_new_tokens": 48, "lr": 1e-3,
-        "checkpoint_every": 1, "keep_checkpoints": 1, "holdout_per_domain": 6, "log_samples": 16,
-        "lora": {"enabled": True, "r": 4, "alpha": 8}, "beta": 0.04, "dynamic_sampling": False})
+    rl_cfg = from_dict(
+        GRPOConfig,
+        {
+            "steps": 3,
+            "prompts_per_step": 4,
+            "samples_per_prompt": 4,
+            "max_new_tokens": 48,
+            "lr": 1e-3,
+            "checkpoint_every": 1,
+            "keep_checkpoints": 1,
+            "holdout_per_domain": 6,
+            "log_samples": 16,
+            "lora": {"enabled": True, "r": 4, "alpha": 8},
+            "beta": 0.04,
+            "dynamic_sampling": False,
+        },
+    )
     rl = stage.run_stage("rl_round_1", rl_cfg, run, lambda ctx: run_round(ctx, 1))
     assert rl.summary["lora"] is True and rl.summary["reference"].startswith("sft (the LoRA base, adapters disabled")
     assert [st for st, _ in storage.list_complete_checkpoints(storage.join(run, "rl_round_1"))] == [2]
     rows = storage.read_json(storage.require_manifest(storage.join(run, "rl_round_1")), "samples.json")
-    assert rows and all(r["prompt"].startswith("<|im_start|>user\n") and r["prompt"].endswith(
-        "<|im_start|>assistant\n") for r in rows)
+    assert rows and all(
+        r["prompt"].startswith("<|im_start|>user\n") and r["prompt"].endswith("<|im_start|>assistant\n") for r in rows
+    )
     assert {r["finish_reason"] for r in rows} <= {"stop", "length"}
     # The round's output is a plain (merged) model: loadable without peft, same architecture.
     merged, _ = models.load_model(storage.join(run, "rl_round_1"), "model")
     assert type(merged).__name__ == "Qwen2ForCausalLM" and not any("lora" in n for n in merged.state_dict())
 
-    ev = stage.run_stage("evaluate", from_dict(EvalConfig, {
-        "max_new_tokens": 48, "n_samples": 2, "ks": [1, 2], "max_tasks_per_domain": 6, "long_context_tasks": 2,
-        "distractor_tokens": 64, "compare_champion": False}), run, evaluate_body)
+    ev = stage.run_stage(
+        "evaluate",
+        from_dict(
+            EvalConfig,
+            {
+                "max_new_tokens": 48,
+                "n_samples": 2,
+                "ks": [1, 2],
+                "max_tasks_per_domain": 6,
+                "long_context_tasks": 2,
+                "distractor_tokens": 64,
+                "compare_champion": False,
+            },
+        ),
+        run,
+        evaluate_body,
+    )
     report = storage.read_json(storage.require_manifest(storage.join(run, "evaluate")), "report.json")
     cand = report["models"]["candidate"]
     assert ev.summary["candidate_stage"] == "rl_round_1" and set(cand["domains"]) == {"math", "code"}

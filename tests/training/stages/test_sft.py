@@ -37,13 +37,15 @@ def test_packed_rows_equal_separate_examples(tiny_model) -> None:
     packed = collate([[a, b]], max_len=64, pad_id=tok.pad_token_id)
     alone = collate([[a], [b]], max_len=64, pad_id=tok.pad_token_id)
     with torch.no_grad():
-        lp = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                   attention_mask=packed.attention_mask).logits  # (1, T, V)
-        la = model(input_ids=alone.input_ids, position_ids=alone.position_ids,
-                   attention_mask=alone.attention_mask).logits  # (2, T', V)
+        lp = model(
+            input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=packed.attention_mask
+        ).logits  # (1, T, V)
+        la = model(
+            input_ids=alone.input_ids, position_ids=alone.position_ids, attention_mask=alone.attention_mask
+        ).logits  # (2, T', V)
     na, nb = len(a.input_ids), len(b.input_ids)
     torch.testing.assert_close(lp[0, :na], la[0, :na], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(lp[0, na:na + nb], la[1, :nb], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lp[0, na : na + nb], la[1, :nb], atol=1e-5, rtol=1e-5)
     # and the loss is the mean over response tokens of both examples, packed or not
     loss_p, n_p = response_loss(model, packed)
     loss_a, n_a = response_loss(model, alone)
@@ -56,8 +58,9 @@ def test_loss_ignores_prompt_tokens(tiny_model) -> None:
     a = tokenize_example(tok, "Q: 12+3=? A:", "15", 64)
     b = tokenize_example(tok, "Q: 99+9=? A:", "15", 64)  # other prompt, same response
     batch = collate([[a]], 64, tok.pad_token_id)
-    logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                   attention_mask=batch.attention_mask).logits[0]  # (T, V)
+    logits = model(
+        input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=batch.attention_mask
+    ).logits[0]  # (T, V)
     logp = torch.log_softmax(logits, -1)
     n = len(a.input_ids)
     manual = -sum(logp[t - 1, a.input_ids[t]] for t in range(n) if a.loss_mask[t]) / sum(a.loss_mask)
@@ -72,8 +75,16 @@ def test_lr_schedule() -> None:
     assert lr_at(14, cfg) == pytest.approx(0.1)
 
 
-SMALL = dict(max_steps=6, batch_size=4, max_seq_len=64, vocab_size=300, checkpoint_every=3, log_every=2,
-             tiny=models.TinyModelConfig(n_layer=1, n_embd=32, n_head=2), warmup_steps=2)
+SMALL = dict(
+    max_steps=6,
+    batch_size=4,
+    max_seq_len=64,
+    vocab_size=300,
+    checkpoint_every=3,
+    log_every=2,
+    tiny=models.TinyModelConfig(n_layer=1, n_embd=32, n_head=2),
+    warmup_steps=2,
+)
 
 
 def _final_state(run_uri: str) -> dict[str, torch.Tensor]:
@@ -171,7 +182,7 @@ def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_
         trained = "".join(chr(i) for i, m in zip(ex.input_ids, ex.loss_mask) if m and i)
         task = next(t for p, t in by_prompt.items() if text.startswith(p))
         assert trained == task.reference  # the loss is on the fix only
-        attempt, _, rest = text[len(task.prompt):].partition("\n")
+        attempt, _, rest = text[len(task.prompt) :].partition("\n")
         step = CodeRepairEnv(task).step(attempt)
         assert not step.done  # the attempt really fails its visible tests ...
         assert rest.startswith("# error: ") and ("expected" in rest or "Error" in rest)  # ... and says how
@@ -186,7 +197,8 @@ def test_repair_examples_show_a_failed_attempt_and_its_real_error_then_train_on_
     assert near_miss("def f(x): return 45", rng, other_reading=True) in {f"def f(x): return {k}" for k in range(42, 49)}
     assert near_miss("def f(s): return s.upper()", rng) == "def f(s): return s.lower()"
     assert near_miss("def f(s): return s[2:]", rng) in {"def f(s): return s[:-2]"} | {
-        f"def f(s): return s[{k}:]" for k in (0, 1, 3, 4, 5)}
+        f"def f(s): return s[{k}:]" for k in (0, 1, 3, 4, 5)
+    }
     assert "def f(s): return '#'+s" in {near_miss("def f(s): return s+'#'", rng) for _ in range(40)}
     assert near_miss("def f(xs): return sorted(xs,reverse=True)", rng) == "def f(xs): return sorted(xs)"
     assert near_miss("def f(s): return s", rng) == "def f(s): return None"
@@ -207,7 +219,7 @@ def test_a_mirrored_repair_example_asks_for_the_attempt_on_the_same_prompt() -> 
     assert mirror is not None and mirror.prompt == task.prompt and mirror.reference == attempt
     assert mirror.id == f"{task.id}~mirror"
     assert [t["expected"] for t in mirror.tests] == [t["expected"] + 1 for t in task.tests]  # run in the sandbox
-    assert mirror.metadata["visible_tests"] == mirror.tests[:len(task.metadata["visible_tests"])]
+    assert mirror.metadata["visible_tests"] == mirror.tests[: len(task.metadata["visible_tests"])]
     assert score_tasks([mirror, mirror], [attempt, task.reference]) == [1.0, 0.0]
     assert "expected" in CodeRepairEnv(mirror).step(task.reference).observation
     # nothing to mirror: a program that passes, one that raises, one whose value JSON cannot carry
@@ -217,10 +229,10 @@ def test_a_mirrored_repair_example_asks_for_the_attempt_on_the_same_prompt() -> 
     fmt = PromptFormat(CharTokenizer())
     plain = repair_examples(fmt, tasks, share=0.5, max_seq_len=400, seed=0)
     both = repair_examples(fmt, tasks, share=0.5, max_seq_len=400, seed=0, mirrors=True)
-    assert both[:len(plain)] == plain and len(plain) < len(both) <= 2 * len(plain)
+    assert both[: len(plain)] == plain and len(plain) < len(both) <= 2 * len(plain)
     references = {t.reference for t in tasks}
-    for ex in both[len(plain):]:  # a mirror: the reference is the failed attempt, the near miss is the fix
+    for ex in both[len(plain) :]:  # a mirror: the reference is the failed attempt, the near miss is the fix
         text = "".join(chr(i) for i in ex.input_ids if i)
         trained = "".join(chr(i) for i, m in zip(ex.input_ids, ex.loss_mask) if m and i)
         task = next(t for t in tasks if text.startswith(t.prompt))
-        assert text[len(task.prompt):].startswith(task.reference + "\n# error: ") and trained not in references
+        assert text[len(task.prompt) :].startswith(task.reference + "\n# error: ") and trained not in references

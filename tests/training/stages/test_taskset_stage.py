@@ -58,16 +58,26 @@ def test_build_is_deterministic_and_seeded() -> None:
 def test_bad_source_fails_with_row_and_field_or_quarantines(file_run_uri, local_mlflow, tmp_path, capsys) -> None:
     src = tmp_path / "user.jsonl"
     good = {"id": "u1", "domain": "math", "prompt": "What is six times seven?", "verifier": "math", "answer": "42"}
-    src.write_text("\n".join([json.dumps(good), json.dumps(dict(good, id="u2", difficulty="hard")),
-                              json.dumps(dict(good, id="u3", prompt="What is 6 times 8?", answer="48"))]) + "\n")
+    src.write_text(
+        "\n".join(
+            [
+                json.dumps(good),
+                json.dumps(dict(good, id="u2", difficulty="hard")),
+                json.dumps(dict(good, id="u3", prompt="What is 6 times 8?", answer="48")),
+            ]
+        )
+        + "\n"
+    )
     config = dict(SMALL, sources=[{"path": str(src)}])
     assert cli.main(["build-taskset", "--run", file_run_uri, "--config", json.dumps(config)]) == 2
     err = capsys.readouterr().err
     assert f"{src}:2: field 'difficulty': expected an integer 1..5, got str 'hard'" in err
     assert storage.read_manifest(storage.join(file_run_uri, "taskset")) is None
 
-    assert cli.main(["build-taskset", "--run", file_run_uri, "--config", json.dumps(config),
-                     "--set", "quarantine=true"]) == 0
+    assert (
+        cli.main(["build-taskset", "--run", file_run_uri, "--config", json.dumps(config), "--set", "quarantine=true"])
+        == 0
+    )
     manifest = storage.read_manifest(storage.join(file_run_uri, "taskset"))
     assert "quarantine.jsonl" in manifest.files
     assert json.loads(storage.read_bytes(manifest, "quarantine.jsonl"))["id"] == "u2"
@@ -79,11 +89,21 @@ def test_bad_source_fails_with_row_and_field_or_quarantines(file_run_uri, local_
 
 def test_data_profile_and_config_errors(tmp_path, capsys) -> None:
     src = tmp_path / "gsm.jsonl"
-    src.write_text("".join(json.dumps({"question": f"Tom has {i} apples and buys {i + 1} more. How many now?",
-                                       "answer": f"{i}+{i + 1}={2 * i + 1}\n#### {2 * i + 1}"}) + "\n"
-                           for i in range(40)))
-    result = build(TasksetConfig(profile="data", sources=[SourceSpec(str(src), adapter="gsm8k")],
-                                 holdout_fraction=0.25))
+    src.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "question": f"Tom has {i} apples and buys {i + 1} more. How many now?",
+                    "answer": f"{i}+{i + 1}={2 * i + 1}\n#### {2 * i + 1}",
+                }
+            )
+            + "\n"
+            for i in range(40)
+        )
+    )
+    result = build(
+        TasksetConfig(profile="data", sources=[SourceSpec(str(src), adapter="gsm8k")], holdout_fraction=0.25)
+    )
     assert len(result.train) == 30 and len(result.holdout) == 10
     assert result.report["inputs"] == {str(src): 40}
     assert cli.main(["build-taskset", "--run", f"file://{tmp_path}/r", "--set", "profile=data"]) == 2
@@ -98,8 +118,10 @@ def test_stage_against_real_s3_and_mlflow(s3_run_uri, tmp_path) -> None:
     assert cli.main(["build-taskset", "--run", s3_run_uri, "--config", json.dumps(SMALL)]) == 0
     manifest = storage.read_manifest(storage.join(s3_run_uri, "taskset"))
     assert manifest is not None and {"train.parquet", "holdout.parquet", "report.json"} <= set(manifest.files)
-    assert len(_load(manifest, "holdout.parquet", tmp_path)) == storage.read_json(
-        manifest, "report.json")["counts"]["holdout"]["total"]
+    assert (
+        len(_load(manifest, "holdout.parquet", tmp_path))
+        == storage.read_json(manifest, "report.json")["counts"]["holdout"]["total"]
+    )
     from mlflow.tracking import MlflowClient
 
     assert "counts.png" in {a.path for a in MlflowClient().list_artifacts(manifest.mlflow_run_id)}

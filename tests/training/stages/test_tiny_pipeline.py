@@ -40,8 +40,10 @@ def test_sft_then_two_rounds_lift_two_domains(file_run_uri, local_mlflow) -> Non
 
     sft = r1.summary["holdout_before"]  # the SFT checkpoint, measured by round 1 before its first update
     final = r2.summary["holdout_after"]
-    table = "\n".join(f"  {d:10s} sft {sft[d]:.3f}  round1 {r1.summary['holdout_after'][d]:.3f}  round2 {final[d]:.3f}"
-                      for d in sorted(sft))
+    table = "\n".join(
+        f"  {d:10s} sft {sft[d]:.3f}  round1 {r1.summary['holdout_after'][d]:.3f}  round2 {final[d]:.3f}"
+        for d in sorted(sft)
+    )
     print("holdout pass@1 (greedy):\n" + table)
     lifted = [d for d in sft if d != "all" and final[d] - sft[d] >= 0.10]
     assert len(lifted) >= 2, f"RL lifted {lifted} by 10 points or more; the profile promises 2 domains\n{table}"

@@ -45,8 +45,11 @@ def test_every_canonical_solution_passes_and_no_wrong_body_does(tasks) -> None:
         "return None": ["    return None\n"] * n,
         "pass": ["    pass\n"] * n,
     }
-    passed = {kind: [t.id for t, s in zip(tasks, score_tasks(tasks, bodies)) if s == 1.0]
-              for kind, bodies in wrong.items()}
-    print(f"HumanEval canonical: {n - len(failed)}/{n} pass; wrong bodies passing: "
-          + ", ".join(f"{k}: {len(v)}" for k, v in passed.items()))
+    passed = {
+        kind: [t.id for t, s in zip(tasks, score_tasks(tasks, bodies)) if s == 1.0] for kind, bodies in wrong.items()
+    }
+    print(
+        f"HumanEval canonical: {n - len(failed)}/{n} pass; wrong bodies passing: "
+        + ", ".join(f"{k}: {len(v)}" for k, v in passed.items())
+    )
     assert passed == {kind: [] for kind in wrong}

@@ -14,14 +14,41 @@ from training.tasksets.generators import generate
 from training.tasksets.io import save_tasks, to_dataset
 from training.tasksets.validate import check_file
 
-MATH = {"id": "m1", "domain": "math", "prompt": "Q: 2+3=? A:", "verifier": "math", "reference": "5",
-        "answer": "5", "difficulty": 1, "source": "test"}
-CODE = {"id": "c1", "domain": "code", "prompt": "Write f(x) returning x plus 1.", "verifier": "code",
-        "reference": "def f(x): return x+1", "tests": [{"call": "f(1)", "expected": 2}], "difficulty": 1}
-EXTRACT = {"id": "e1", "domain": "extraction", "prompt": "Extract age as JSON: Bob is 31.", "verifier": "json_rules",
-           "answer": '{"age": 31}', "difficulty": 1,
-           "metadata": {"schema": {"type": "object", "properties": {"age": {"type": "integer"}},
-                                   "required": ["age"], "additionalProperties": False}}}
+MATH = {
+    "id": "m1",
+    "domain": "math",
+    "prompt": "Q: 2+3=? A:",
+    "verifier": "math",
+    "reference": "5",
+    "answer": "5",
+    "difficulty": 1,
+    "source": "test",
+}
+CODE = {
+    "id": "c1",
+    "domain": "code",
+    "prompt": "Write f(x) returning x plus 1.",
+    "verifier": "code",
+    "reference": "def f(x): return x+1",
+    "tests": [{"call": "f(1)", "expected": 2}],
+    "difficulty": 1,
+}
+EXTRACT = {
+    "id": "e1",
+    "domain": "extraction",
+    "prompt": "Extract age as JSON: Bob is 31.",
+    "verifier": "json_rules",
+    "answer": '{"age": 31}',
+    "difficulty": 1,
+    "metadata": {
+        "schema": {
+            "type": "object",
+            "properties": {"age": {"type": "integer"}},
+            "required": ["age"],
+            "additionalProperties": False,
+        }
+    },
+}
 
 
 def row(base: dict, i: int, **over) -> dict:
@@ -33,8 +60,9 @@ _DROP = object()
 
 
 def jsonl(path: Path, rows: list) -> Path:
-    lines = [r if isinstance(r, bytes) else (r.encode() if isinstance(r, str) else json.dumps(r).encode())
-             for r in rows]
+    lines = [
+        r if isinstance(r, bytes) else (r.encode() if isinstance(r, str) else json.dumps(r).encode()) for r in rows
+    ]
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
 
@@ -48,8 +76,15 @@ BAD_FILES = [
     ("missing_field", good(1) + [row(MATH, 9, prompt=_DROP)] + good(1)[:0], (2, "prompt")),
     ("wrong_type_difficulty", good(2) + [row(MATH, 9, difficulty="hard")], (3, "difficulty")),
     ("whitespace_prompt", [row(MATH, 9, prompt="  \t ")] + good(2), (1, "prompt")),
-    ("non_utf8_bytes", [row(MATH, 0), b'{"id": "x", "domain": "math", "prompt": "Q: 2+\xff3=? A:", '
-                        b'"verifier": "math", "answer": "5"}', row(MATH, 2)], (2, "prompt")),
+    (
+        "non_utf8_bytes",
+        [
+            row(MATH, 0),
+            b'{"id": "x", "domain": "math", "prompt": "Q: 2+\xff3=? A:", "verifier": "math", "answer": "5"}',
+            row(MATH, 2),
+        ],
+        (2, "prompt"),
+    ),
     ("invalid_json_line", good(2) + ['{"id": "m-9", "domain": "math", "prompt": "Q"'], (3, None)),
     ("unknown_verifier", [row(MATH, 0), row(MATH, 9, verifier="regex_magic")], (2, "verifier")),
     ("duplicate_id", [row(MATH, 0), row(MATH, 1), row(MATH, 0)], (3, "id")),
@@ -88,11 +123,15 @@ def test_bad_jsonl_names_row_and_field(tmp_path, capsys, name, rows, where) -> N
 def test_messages_say_what_is_wrong(tmp_path) -> None:
     cases = {
         "difficulty": ([row(MATH, 0, difficulty="hard")], "expected an integer 1..5, got str 'hard'"),
-        "verifier": ([row(MATH, 0, verifier="nope")],
-                     "unknown verifier 'nope'; known: code, format, ifeval, json_rules, judge, math"),
+        "verifier": (
+            [row(MATH, 0, verifier="nope")],
+            "unknown verifier 'nope'; known: code, format, ifeval, json_rules, judge, math",
+        ),
         "id": ([row(MATH, 0), row(MATH, 0)], "duplicate id 'm1-0' (first at row 1)"),
-        "prompt": ([b'{"id": "a", "domain": "math", "prompt": "\xfe", "verifier": "math", "answer": "1"}'],
-                   "not valid UTF-8 (byte 0xfe"),
+        "prompt": (
+            [b'{"id": "a", "domain": "math", "prompt": "\xfe", "verifier": "math", "answer": "1"}'],
+            "not valid UTF-8 (byte 0xfe",
+        ),
     }
     for field, (rows, message) in cases.items():
         errors = check_file(jsonl(tmp_path / f"{field}.jsonl", rows)).errors
@@ -111,15 +150,20 @@ def test_parquet_missing_column_and_wrong_type(tmp_path, capsys) -> None:
     ds = ds.remove_columns(["difficulty"]).add_column("difficulty", ["1", "2", "3"])
     path = tmp_path / "str_difficulty.parquet"
     ds.to_parquet(str(path))
-    assert [(e.row, e.field) for e in check_file(path).errors] == [(1, "difficulty"), (2, "difficulty"),
-                                                                   (3, "difficulty")]
+    assert [(e.row, e.field) for e in check_file(path).errors] == [
+        (1, "difficulty"),
+        (2, "difficulty"),
+        (3, "difficulty"),
+    ]
 
 
 def test_good_files_pass(tmp_path, capsys) -> None:
     tasks = generate("math", 20, 0) + generate("code", 20, 0) + generate("extraction", 20, 0)
     save_tasks(tasks, tmp_path / "ok.parquet")
-    jsonl(tmp_path / "ok.jsonl", [row(MATH, 0), row(CODE, 0), row(EXTRACT, 0),
-                                  row(CODE, 1, tests=json.dumps(CODE["tests"]))])  # tests as JSON text is fine
+    jsonl(
+        tmp_path / "ok.jsonl",
+        [row(MATH, 0), row(CODE, 0), row(EXTRACT, 0), row(CODE, 1, tests=json.dumps(CODE["tests"]))],
+    )  # tests as JSON text is fine
     assert cli.main(["taskset", "check", str(tmp_path / "ok.parquet"), str(tmp_path / "ok.jsonl")]) == 0
     assert capsys.readouterr().out == ""
 
@@ -128,16 +172,20 @@ def test_unreadable_and_empty_files(tmp_path, capsys) -> None:
     (tmp_path / "empty.jsonl").write_text("\n\n")
     (tmp_path / "broken.parquet").write_bytes(b"not parquet")
     (tmp_path / "x.csv").write_text("a,b\n")
-    for name, message in (("empty.jsonl", "no task rows"), ("broken.parquet", "unreadable parquet"),
-                          ("x.csv", "unsupported file type")):
+    for name, message in (
+        ("empty.jsonl", "no task rows"),
+        ("broken.parquet", "unreadable parquet"),
+        ("x.csv", "unsupported file type"),
+    ):
         assert cli.main(["taskset", "check", str(tmp_path / name)]) == 2
         assert message in capsys.readouterr().out
 
 
 def test_quarantine_writes_bad_rows_aside(tmp_path, capsys) -> None:
     bad_bytes = b'{"id": "x", "domain": "math", "prompt": "\xff\xfe", "verifier": "math", "answer": "1"}'
-    path = jsonl(tmp_path / "mixed.jsonl", [row(MATH, 0), bad_bytes, row(MATH, 1), row(MATH, 2, verifier="?"),
-                                            row(MATH, 3)])
+    path = jsonl(
+        tmp_path / "mixed.jsonl", [row(MATH, 0), bad_bytes, row(MATH, 1), row(MATH, 2, verifier="?"), row(MATH, 3)]
+    )
     out = tmp_path / "q" / "bad.jsonl"
     assert cli.main(["taskset", "check", str(path), "--quarantine", str(out)]) == 0
     captured = capsys.readouterr()
@@ -149,8 +197,12 @@ def test_quarantine_writes_bad_rows_aside(tmp_path, capsys) -> None:
 
 def test_subprocess_exit_code_and_message(tmp_path) -> None:
     path = jsonl(tmp_path / "bad.jsonl", [row(MATH, 0), row(MATH, 1, difficulty="hard")])
-    proc = subprocess.run([sys.executable, "-m", "training.cli", "taskset", "check", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.cli", "taskset", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stdout.strip() == f"{path}:2: field 'difficulty': expected an integer 1..5, got str 'hard'"
     assert "2 row(s), 1 valid, 1 invalid, 1 error(s)" in proc.stderr

@@ -17,39 +17,59 @@ def T(i, prompt, domain="math", difficulty=1, answer="1") -> Task:
 def test_normalisation_keeps_what_changes_the_task() -> None:
     same = ["What is 2 + 3?", "what is 2+3", "WHAT  IS 2+3 ?!", "What is 2 \u2212 3?".replace("\u2212", "+")]
     assert len({normalize_text(p) for p in same}) == 1
-    different = ["Q: 2+3=? A:", "Q: 3+2=? A:", "Q: 2*3=? A:", "Q: 2-3=? A:", "Q: 23=? A:", "Q: 2.5+1=? A:",
-                 "Q: 25+1=? A:", "Q: 12 3=? A:", "Q: 1 23=? A:"]
+    different = [
+        "Q: 2+3=? A:",
+        "Q: 3+2=? A:",
+        "Q: 2*3=? A:",
+        "Q: 2-3=? A:",
+        "Q: 23=? A:",
+        "Q: 2.5+1=? A:",
+        "Q: 25+1=? A:",
+        "Q: 12 3=? A:",
+        "Q: 1 23=? A:",
+    ]
     assert len({normalize_text(p) for p in different}) == len(different)
     assert normalize_text("x \u2212 1") == normalize_text("x - 1")
 
 
 def test_dedup_exact_near_and_conflicts() -> None:
-    tasks = [T(0, "What is 2 + 3?", answer="5"), T(1, "What is 2 + 3?", answer="5"), T(2, "what is 2+3", answer="6"),
-             T(3, "What is 3 + 2?", answer="5"), T(4, "Q: 2*3=? A:", answer="6")]
+    tasks = [
+        T(0, "What is 2 + 3?", answer="5"),
+        T(1, "What is 2 + 3?", answer="5"),
+        T(2, "what is 2+3", answer="6"),
+        T(3, "What is 3 + 2?", answer="5"),
+        T(4, "Q: 2*3=? A:", answer="6"),
+    ]
     kept, report = dedup(tasks)
     assert [t.id for t in kept] == ["t0", "t3", "t4"]
     assert report["exact_duplicates"] == 1 and report["near_duplicates"] == 1
     assert report["conflicting_answers"] == 1
-    assert report["near_examples"] == [{"kept": "t0", "dropped": "t2", "kept_prompt": "What is 2 + 3?",
-                                        "dropped_prompt": "what is 2+3"}]
+    assert report["near_examples"] == [
+        {"kept": "t0", "dropped": "t2", "kept_prompt": "What is 2 + 3?", "dropped_prompt": "what is 2+3"}
+    ]
 
 
 def test_overlap_filter_drops_contaminated_train() -> None:
-    long_holdout = ("Natalia sold clips to 48 of her friends in April and then she sold half as many clips in "
-                    "May how many clips did she sell")
+    long_holdout = (
+        "Natalia sold clips to 48 of her friends in April and then she sold half as many clips in "
+        "May how many clips did she sell"
+    )
     holdout = [T(100, long_holdout), T(101, "Q: 7+8=? A:")]
     train = [
         T(0, "Background. " + long_holdout[:90] + " ... rest differs entirely here"),  # shares a 13-gram
-        T(1, "Natalia sold pencils to 12 friends in June; how many?"),                # shares only short grams
-        T(2, "Q: 7+8=? A:"),                                                            # same short prompt
+        T(1, "Natalia sold pencils to 12 friends in June; how many?"),  # shares only short grams
+        T(2, "Q: 7+8=? A:"),  # same short prompt
         T(3, "Q: 7+9=? A:"),
-        T(4, "q 7 + 8 = a"),                                                            # same after normalising
+        T(4, "q 7 + 8 = a"),  # same after normalising
     ]
     kept, report = overlap_filter(train, holdout, n=13)
     assert [t.id for t in kept] == ["t1", "t3"]
     assert report["contaminated"] == report["dropped"] == 3
-    assert {(e["train_id"], e["holdout_id"]) for e in report["examples"]} == {("t0", "t100"), ("t2", "t101"),
-                                                                              ("t4", "t101")}
+    assert {(e["train_id"], e["holdout_id"]) for e in report["examples"]} == {
+        ("t0", "t100"),
+        ("t2", "t101"),
+        ("t4", "t101"),
+    }
     kept, report = overlap_filter(train, holdout, n=13, drop=False)
     assert len(kept) == 5 and report["contaminated"] == 3 and report["dropped"] == 0
     assert len(ngrams(long_holdout, 13)) == len(long_holdout.split()) - 12
@@ -70,9 +90,11 @@ def test_stratified_split_proportions_and_determinism() -> None:
 
 
 def test_mix_train_ratios() -> None:
-    train = [T(i, f"m{i}", "math", 1 + i % 5) for i in range(600)] + \
-            [T(1000 + i, f"c{i}", "code", 1 + i % 5) for i in range(100)] + \
-            [T(2000 + i, f"u{i}", "user", 1) for i in range(7)]
+    train = (
+        [T(i, f"m{i}", "math", 1 + i % 5) for i in range(600)]
+        + [T(1000 + i, f"c{i}", "code", 1 + i % 5) for i in range(100)]
+        + [T(2000 + i, f"u{i}", "user", 1) for i in range(7)]
+    )
     mixed, report = mix_train(train, {"math": 0.5, "code": 0.5}, seed=0)
     counts = Counter(t.domain for t in mixed)
     assert counts == {"math": 100, "code": 100, "user": 7}  # unmixed domains kept whole

@@ -57,8 +57,18 @@ def test_parquet_round_trip(tmp_path) -> None:
     import pyarrow.parquet as pq
 
     schema = pq.read_schema(path)
-    assert schema.names == ["id", "domain", "prompt", "verifier", "reference", "answer", "tests", "difficulty",
-                            "source", "metadata"]
+    assert schema.names == [
+        "id",
+        "domain",
+        "prompt",
+        "verifier",
+        "reference",
+        "answer",
+        "tests",
+        "difficulty",
+        "source",
+        "metadata",
+    ]
     assert json.loads(pq.read_table(path).column("tests")[30].as_py()) == tasks[30].tests
 
 

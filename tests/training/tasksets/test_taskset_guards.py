@@ -13,9 +13,11 @@ from training.tasksets.dedup import common_ngrams, overlap_filter
 from training.tasksets.schema import Task
 from training.tasksets.sources import SourceSpec
 
-TEMPLATE = ("Solve the following grade school math problem carefully and show every step of your reasoning "
-            "before the final answer. Question: {name} has {a} apples and buys {b} more at the market on {day}. "
-            "How many apples does {name} have now?")
+TEMPLATE = (
+    "Solve the following grade school math problem carefully and show every step of your reasoning "
+    "before the final answer. Question: {name} has {a} apples and buys {b} more at the market on {day}. "
+    "How many apples does {name} have now?"
+)
 
 
 def _gsm8k_rows(n: int) -> list[dict]:
@@ -27,8 +29,12 @@ def _gsm8k_rows(n: int) -> list[dict]:
         if (name, a, b, day) in seen:
             continue
         seen.add((name, a, b, day))
-        rows.append({"question": TEMPLATE.format(name=name, a=a, b=b, day=day),
-                     "answer": f"{a} + {b} = <<{a}+{b}={a + b}>>{a + b}\n#### {a + b}"})
+        rows.append(
+            {
+                "question": TEMPLATE.format(name=name, a=a, b=b, day=day),
+                "answer": f"{a} + {b} = <<{a}+{b}={a + b}>>{a + b}\n#### {a + b}",
+            }
+        )
     return rows
 
 
@@ -46,20 +52,26 @@ def test_templated_rows_keep_their_train_split(tmp_path) -> None:
     assert len(result.train) >= 340 and len(result.holdout) >= 35, report["overlap"]
     assert report["overlap"]["common_ngrams_ignored"] > 0
     assert report["overlap"]["dropped"] <= 0.1 * 400
-    print(f"templated GSM8K: train {len(result.train)}, holdout {len(result.holdout)}, dropped as contaminated "
-          f"{report['overlap']['dropped']}, common n-grams ignored {report['overlap']['common_ngrams_ignored']}")
+    print(
+        f"templated GSM8K: train {len(result.train)}, holdout {len(result.holdout)}, dropped as contaminated "
+        f"{report['overlap']['dropped']}, common n-grams ignored {report['overlap']['common_ngrams_ignored']}"
+    )
 
 
 def test_without_common_ngrams_the_loss_is_named_not_silent(tmp_path) -> None:
-    message = (r"decontamination \(13-gram overlap with the holdout\) dropped \d+ of \d+ 'math' rows "
-               r"\(100%, more than max_filter_loss=0.75\); 0 left")
+    message = (
+        r"decontamination \(13-gram overlap with the holdout\) dropped \d+ of \d+ 'math' rows "
+        r"\(100%, more than max_filter_loss=0.75\); 0 left"
+    )
     with pytest.raises(TasksetEmptied, match=message):
         build(_config(tmp_path, _gsm8k_rows(400), ngram_common=0.0))
 
 
 def test_a_real_overlap_is_still_dropped() -> None:
-    filler = [Task(f"f{i}", "math", TEMPLATE.format(name="Tom", a=i, b=i + 1, day="Monday"), "math", answer="1")
-              for i in range(30)]
+    filler = [
+        Task(f"f{i}", "math", TEMPLATE.format(name="Tom", a=i, b=i + 1, day="Monday"), "math", answer="1")
+        for i in range(30)
+    ]
     leak = "A train leaves Paris at noon travelling at eighty kilometres per hour towards a city three hundred km away"
     holdout = [Task("h", "math", leak + ". When does it arrive?", "math", answer="3")]
     train = [Task("t", "math", "Copied: " + leak + "?", "math", answer="3"), *filler]
@@ -67,7 +79,8 @@ def test_a_real_overlap_is_still_dropped() -> None:
     assert [t.id for t in kept] == [f"f{i}" for i in range(30)] and report["dropped"] == 1
     assert report["examples"][0]["holdout_id"] == "h"
     assert "show every step of your reasoning before the final answer question" in " ".join(
-        common_ngrams([t.prompt for t in filler], 13, 10))
+        common_ngrams([t.prompt for t in filler], 13, 10)
+    )
 
 
 def test_dedup_taking_a_domain_and_an_empty_holdout_fail_the_build(tmp_path) -> None:

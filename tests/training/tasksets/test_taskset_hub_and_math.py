@@ -15,10 +15,18 @@ from training.tasksets.validate import validate_rows
 
 ROOT = Path(__file__).resolve().parents[3]
 MATH = [
-    {"problem": "What is $\\sin 60^\\circ$?", "level": "Level 2", "type": "Precalculus",
-     "solution": "From the unit circle, $\\sin 60^\\circ = \\boxed{\\frac{\\sqrt{3}}{2}}$."},
-    {"problem": "Solve $x^2 = 4$ for $x > 0$.", "level": "Level 1", "type": "Algebra",
-     "solution": "Either $x = -2$ (\\boxed{-2} is excluded) or $x = \\boxed{2}$."},
+    {
+        "problem": "What is $\\sin 60^\\circ$?",
+        "level": "Level 2",
+        "type": "Precalculus",
+        "solution": "From the unit circle, $\\sin 60^\\circ = \\boxed{\\frac{\\sqrt{3}}{2}}$.",
+    },
+    {
+        "problem": "Solve $x^2 = 4$ for $x > 0$.",
+        "level": "Level 1",
+        "type": "Algebra",
+        "solution": "Either $x = -2$ (\\boxed{-2} is excluded) or $x = \\boxed{2}$.",
+    },
     {"problem": "No answer here.", "level": "Level 9", "solution": "We give up."},
 ]
 
@@ -33,7 +41,10 @@ def test_math_records_take_the_last_boxed_answer(tmp_path) -> None:
     assert [(e.row, e.field) for e in result.errors] == [(3, "solution")]
     first, second = result.tasks
     assert (first.answer, first.difficulty, first.metadata) == (
-        "\\frac{\\sqrt{3}}{2}", 2, {"answer_format": "boxed", "subject": "Precalculus"})
+        "\\frac{\\sqrt{3}}{2}",
+        2,
+        {"answer_format": "boxed", "subject": "Precalculus"},
+    )
     assert (second.answer, second.domain, second.verifier) == ("2", "math", "math")
     # the references pass strictly; a symbolic equivalent passes; the same value outside \boxed{} only leniently
     assert score_tasks(result.tasks, [t.reference for t in result.tasks]) == [1.0, 1.0]
@@ -69,22 +80,37 @@ print(json.dumps([[r.row, r.data, [str(e) for e in r.errors]] for r in rows]))
 
 
 def test_hub_id_loads_from_the_local_cache_offline(tmp_path) -> None:
-    rows = [{"question": "What is 2+3?", "answer": "2+3 = <<2+3=5>>5\n#### 5"},
-            {"question": "A farm has 1,200 hens and sells 200. How many are left?", "answer": "1200-200\n#### 1,000"}]
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(ROOT)}
+    rows = [
+        {"question": "What is 2+3?", "answer": "2+3 = <<2+3=5>>5\n#### 5"},
+        {"question": "A farm has 1,200 hens and sells 200. How many are left?", "answer": "1200-200\n#### 1,000"},
+    ]
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+    }
     env.pop("HF_DATASETS_CACHE", None)
     cache = tmp_path / "hf" / "datasets"
     cache.mkdir(parents=True)
-    subprocess.run([sys.executable, "-c", BUILD_CACHE, str(cache), json.dumps(rows)], env=env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", BUILD_CACHE, str(cache), json.dumps(rows)], env=env, check=True, capture_output=True
+    )
     out = subprocess.run([sys.executable, "-c", LOAD], env=env, check=True, capture_output=True, text=True)
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert [(row, data["prompt"], data["answer"], errors) for row, data, errors in loaded] == [
-        (1, "What is 2+3?", "5", []), (2, rows[1]["question"], "1000", [])]
+        (1, "What is 2+3?", "5", []),
+        (2, rows[1]["question"], "1000", []),
+    ]
     # and a hub id that is not in the cache fails with the load error, not a hang or a download
     env["PYTHONPATH"] = str(ROOT)
-    missing = subprocess.run([sys.executable, "-c", LOAD.replace("openai/gsm8k", "nobody/nothing")], env=env,
-                             check=True, capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, "-c", LOAD.replace("openai/gsm8k", "nobody/nothing")],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     ((row, data, errors),) = json.loads(missing.stdout.strip().splitlines()[-1])
     assert row == 0 and data is None and "cannot load" in errors[0]

@@ -15,7 +15,8 @@ from training.tasksets.validate import validate_rows
 HUMANEVAL_PROMPT = (
     'def add(x: int, y: int) -> int:\n    """Add two numbers.\n    >>> add(2, 3)\n    5\n'
     "    >>> add(-1, 1)\n    0\n    >>> print(add(1, 1))\n    2\n    >>> add(0, 0) is None\n    False\n"
-    '    >>> add(1, 2) # doctest: +SKIP\n    <int>\n    """\n')
+    '    >>> add(1, 2) # doctest: +SKIP\n    <int>\n    """\n'
+)
 
 
 def test_generated_code_tasks_show_a_subset_of_their_hidden_tests() -> None:
@@ -44,12 +45,18 @@ def test_a_two_reading_prompt_s_first_visible_test_tells_the_readings_apart() ->
 
 def test_humaneval_docstring_examples_become_visible_tests(tmp_path: Path) -> None:
     # a literal result after a single call of the entry point; print(...), non-literals are left out
-    assert docstring_examples(HUMANEVAL_PROMPT, "add") == [{"call": "add(2, 3)", "expected": 5},
-                                                           {"call": "add(-1, 1)", "expected": 0},
-                                                           {"call": "add(0, 0) is None", "expected": False}]
-    row = {"task_id": "HumanEval/0", "entry_point": "add", "prompt": HUMANEVAL_PROMPT,
-           "canonical_solution": "    return x + y\n",
-           "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n"}
+    assert docstring_examples(HUMANEVAL_PROMPT, "add") == [
+        {"call": "add(2, 3)", "expected": 5},
+        {"call": "add(-1, 1)", "expected": 0},
+        {"call": "add(0, 0) is None", "expected": False},
+    ]
+    row = {
+        "task_id": "HumanEval/0",
+        "entry_point": "add",
+        "prompt": HUMANEVAL_PROMPT,
+        "canonical_solution": "    return x + y\n",
+        "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n",
+    }
     path = tmp_path / "he.jsonl"
     path.write_text(json.dumps(row) + "\n")
     (task,) = validate_rows(load_source(SourceSpec(str(path), adapter="humaneval")), str(path)).tasks
@@ -58,17 +65,32 @@ def test_humaneval_docstring_examples_become_visible_tests(tmp_path: Path) -> No
 
 
 def test_task_files_without_visible_tests_still_load_and_show_their_first_test() -> None:
-    old = Task.from_row({"id": "a", "domain": "code", "prompt": "p", "verifier": "code",
-                         "tests": json.dumps([{"call": "f(1)", "expected": 2}, {"call": "f(2)", "expected": 3}]),
-                         "metadata": "{}"})
+    old = Task.from_row(
+        {
+            "id": "a",
+            "domain": "code",
+            "prompt": "p",
+            "verifier": "code",
+            "tests": json.dumps([{"call": "f(1)", "expected": 2}, {"call": "f(2)", "expected": 3}]),
+            "metadata": "{}",
+        }
+    )
     assert visible_tests(old) == [{"call": "f(1)", "expected": 2}]
     program = Task("b", "code", "p", "code", tests={"program": "assert f(1) == 2"})
     assert visible_tests(program) == []  # running the whole hidden program would show hidden failures
 
 
 def test_malformed_visible_tests_are_named_by_row_and_field(tmp_path: Path) -> None:
-    rows = [{"id": "a", "domain": "code", "prompt": "Write f.", "verifier": "code",
-             "tests": [{"call": "f(1)", "expected": 2}], "metadata": {"visible_tests": [{"call": "f(("}]}}]
+    rows = [
+        {
+            "id": "a",
+            "domain": "code",
+            "prompt": "Write f.",
+            "verifier": "code",
+            "tests": [{"call": "f(1)", "expected": 2}],
+            "metadata": {"visible_tests": [{"call": "f(("}]},
+        }
+    ]
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = validate_rows(load_source(SourceSpec(str(path))), str(path))
