@@ -20,8 +20,10 @@ LLaMA splits digits for the same reason).
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import shutil
 import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -161,12 +163,18 @@ def load_model(spec: str, subdir: str = "", dtype: Any = None, cache_dir: str | 
     """(model, tokenizer) from a hub id, a local folder, or an `s3://` / `file://` manifested folder.
 
     For a manifested folder, `subdir` selects the part holding the model (e.g. "model" in a stage output);
-    files are fetched with checksum verification into `cache_dir` (a temp dir by default, kept alive for
-    the process because from_pretrained may read lazily).
+    files are fetched with checksum verification into `cache_dir` (by default a temporary folder, kept while
+    the process runs because from_pretrained may read lazily, and removed when it exits).
     """
     if spec.startswith(("s3://", "file://")):
         manifest = storage.require_manifest(spec, "model")
-        dest = Path(cache_dir) if cache_dir else Path(tempfile.mkdtemp(prefix="posttrain-model-"))
+        if cache_dir:
+            dest = Path(cache_dir)
+        else:
+            # kept for the process (from_pretrained may read lazily), removed when it exits: a stage loads a
+            # model or two per run, and each left behind would be the model's size on the machine's disk
+            dest = Path(tempfile.mkdtemp(prefix="posttrain-model-"))
+            atexit.register(shutil.rmtree, dest, ignore_errors=True)
         storage.fetch_dir(manifest, subdir, dest)
         log.info("fetched model %s/%s to %s", spec, subdir, dest)
         return _load_local(dest, dtype)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import torch
 
 from training import storage
@@ -44,3 +48,28 @@ def test_load_from_manifested_folder(tiny_model, tmp_path) -> None:
     writer.commit()
     loaded, ltok = models.load_model(f"file://{tmp_path}/stage", "model", cache_dir=tmp_path / "cache")
     torch.testing.assert_close(_logits(loaded, ltok), _logits(model, tok))
+
+
+def test_a_fetched_model_leaves_no_copy_behind_when_the_process_exits(tiny_model, tmp_path) -> None:
+    model, tok = tiny_model
+    writer = storage.ManifestWriter(f"file://{tmp_path}/stage")
+    models.save_checkpoint(model, tok, writer, "model")
+    writer.commit()
+    # a stage process, as it loads its model: no cache_dir, so the files go to a temporary folder of its own
+    script = (
+        "import tempfile; from training.modeling import models; "
+        f"models.load_model('file://{tmp_path}/stage', 'model'); "
+        "import pathlib; print(*pathlib.Path(tempfile.gettempdir()).glob('posttrain-model-*'))"
+    )
+    env_tmp = tmp_path / "tmp"
+    env_tmp.mkdir()
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "TMPDIR": str(env_tmp)},
+    )
+    fetched = out.stdout.split()
+    assert len(fetched) == 1 and fetched[0].startswith(str(env_tmp / "posttrain-model-")), out  # it was there
+    assert list(env_tmp.iterdir()) == [], "the fetched copy outlived the process"
