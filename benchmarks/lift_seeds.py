@@ -25,6 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from benchmarks.numerics import pin_cpu_numerics  # noqa: E402
+
+pin_cpu_numerics()  # one float path on any AVX2 machine, as the test suite runs
+
 
 def run_seed(seed: int, overrides: dict[str, dict], root: Path) -> dict[str, dict[str, float]]:
     from training import stage

@@ -114,6 +114,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from benchmarks.numerics import pin_cpu_numerics  # noqa: E402
+
+pin_cpu_numerics()  # one float path on any AVX2 machine, as the test suite runs
+
 from benchmarks.lift_seeds import parse_overrides  # noqa: E402
 
 # The code-only slice of the tiny profile; the RL knobs both rounds share (only max_turns and planting differ).

@@ -27,6 +27,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from benchmarks.numerics import pin_cpu_numerics  # noqa: E402
+
+pin_cpu_numerics()  # one float path on any AVX2 machine, as the test suite runs
+
 from benchmarks.lift_seeds import parse_overrides  # noqa: E402
 
 STAGES = ("taskset", "sft", "rl_round", "evaluate")

@@ -16,7 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.numerics import pin_cpu_numerics
 from infra.local.stack import Stack, free_port
+
+# Before anything computes with torch: one float path on every AVX2 CI machine (benchmarks/numerics.py).
+pin_cpu_numerics()
 
 REPO = Path(__file__).resolve().parents[1]
 
