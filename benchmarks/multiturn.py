@@ -11,91 +11,14 @@ on the code holdout as evaluation measures it (training/evaluation/measure.py `s
 turn): first-attempt pass@1 and pass within 2 turns (self-repair@2), hidden tests. Prints one line per seed
 and the means; the goal (issue 15): multi-turn self-repair@2 at least 10 points above single-turn,
 first-attempt pass@1 not lower.
-Not part of `make bench` (a quality check, not a speed ratio); tests/training/test_multiturn_rl.py runs seed 1.
+Not part of `make bench` (a quality check, not a speed ratio); tests/training/rl/test_multiturn_rl.py runs seed 2.
 
 The recipe (SFT, RL and MULTI below): SFT sees repair turns (repair_share 0.3), each round runs 150 steps, and
 the multi-turn round starts half its groups from a planted wrong first answer played on the task's mirror.
-Measured (2 CPU cores, one seed at a time at torch's default 2 threads, as the test suite runs; ~250 s a seed),
-first attempt / within 2 turns on the code holdout, SFT | single-turn round | multi-turn round, then the
-repair@2 gain and the first-attempt change:
-    seed 0 (n=56): .750/.786 | .768/.786 | .732/1.000   +21.4, -3.6 points
-    seed 1 (n=55): .745/.836 | .727/.818 | .818/.945    +12.7, +9.1 points
-    seed 2 (n=56): .732/.804 | .786/.786 | .786/.964    +17.9, +0.0 points
-    mean: +17.3 points of self-repair@2, first attempts +1.8. Every seed gains more than 10 points; seed 0's
-    first attempts fall by two tasks of 56. tests/training/test_multiturn_rl.py runs seed 1.
-Where first attempts move (the benchmark prints them per code level): on level 4 every model of every seed
-passes 30 of 30, and all the movement is on level 5, whose task picks one of its prompt's two readings at random,
-so no first attempt can beat chance there (13 of 26 expected; binomial spread about 2.5 tasks). Level 5, SFT |
-single-turn | multi-turn: seed 0 12/26 | 13/26 | 11/26, seed 1 11/25 | 10/25 | 15/25, seed 2 11/26 | 14/26 |
-14/26. Seed 0's fall and seed 1's rise are the same coin: the multi-turn round loses no first attempt that can
-be learned, and the test also checks level 4 on its own.
-The tiny run is sensitive to float rounding: at one thread per process (OMP_NUM_THREADS=1) the same recipe gave
-seed 0 .768/.839 | .750/.804 | .804/.964 (+16.1, +5.4), seed 1 +7.3/+7.3, seed 2 +8.9/+0.0 (mean +10.8, +4.2;
-those ran two or three jobs at once on the 2 cores, 1589-2776 s a seed).
-Variations of the multi-turn round (2 threads; seed 0 unless said; multi-turn first / within 2, gain, change):
-    planted_share 0.4: .714/.982 (+19.6, -5.4); seed 1 .818/.927 (+10.9, +9.1).
-    turn_cost 0.05: .732/.982 (+19.6, -3.6).
-    answer_credit turn (first answers scored alone, with advantages of their own; a group that always ends
-      right but not always first time is kept for its first answers): seeds 0-2 .732/.982, .782/.836, .750/.839
-      (+19.6/-3.6, +1.8/+5.5, +5.4/-3.6; mean +8.9, -0.6); level 4 stays 30/30 and level 5 moves as before.
-      The repair turn learns less on seeds 1 and 2; a likely reason (not measured): the kept first-answer rows
-      share each update's token mean with the repair rows, so the repair tokens get a smaller share of each step.
-    answer_credit final (a repaired episode trains its final answer only): seeds 0-2 .714/.982,
-      .800/.927, .750/.946 (+19.6/-5.4, +10.9/+7.3, +16.1/-3.6; mean +15.5, -0.6): no help to first attempts.
-    planted_mirrors false: .768/.821 (+3.6, +0.0): first attempts hold, but the mirrors are what teach repair;
-      what they teach (the same prompt, the other reading, after an error) is also what costs seed 0 its two
-      first attempts.
-What made the difference is the code level 5 the tiny profile has now (training/tasksets/generators.py): only
-prompts with two readings, one-digit constants, and a first visible test that tells the readings apart. With
-it, paying for the second answer (`--set rl_round.turn_cost=0.2`, seed 0: .768/.839 | .750/.804 | .714/.821,
-+1.8 and -3.6 points at one thread, 1488 s) takes away what the round teaches.
-
-How it got here, with the earlier level 5 (two-reading prompts with two-digit constants beside two-argument,
-modular and conditional functions; seed 0, 60 code holdout tasks, SFT | single-turn | multi-turn):
-First (40 RL steps, 2 CPU cores shared with other jobs: 1599 s): SFT 0.800/0.800, single-turn 0.850/0.850,
-multi-turn 0.850/0.850: the goal is not met.
-The SFT model answers a repair turn with text that does not parse (it never saw one), and ~5% of episodes reach
-a second turn (first attempts pass the visible tests 94% of the time), too little signal in 40 steps.
-With `--set sft.repair_share=0.3` (SFT sees repair turns; its second answers then parse): 40 steps 0.850/0.850,
-0.883/0.883, 0.833/0.833 (213 s); 150 steps 0.850/0.850, 0.833/0.833, 0.867/0.867 (878 s). Sampled training
-episodes do repair (e.g. "n-46" -> "n+46" after "f(3): expected 49, got -43"), but no greedy holdout answer is
-repaired in turn 2 by any of these models yet. With SFT's near misses also reading the task the other way (a
-flipped sign or operator, the other case or slice end: training/environments/code_repair.py near_miss),
-repair_share 0.3 and 40 steps: SFT 0.850/0.867 (one greedy repair in 60), single-turn 0.867/0.883, multi-turn
-0.850/0.867 (869 s): repair appears, but multi-turn RL does not add to it.
-
-Later (seed 0, 40 steps unless said; SFT | single-turn | multi-turn):
-- repair_share 0.3, planted_share 0.5 (half the multi-turn groups start from a planted near miss, so every
-  sample trains turn 2; 790 s): .850/.867 | .867/.883 | .883/.900.
-- SFT on 400 of the 540 train tasks (max_examples; RL also sees the other 140), repair_share 0.5, planted 0.5
-  (576 s): .717/.717 | .817/.833 | .817/.833.
-- repair_share 1.0 with repair_mirrors (each repair example also in the other direction on the same prompt),
-  planted 0.5 (424 s): .817/.817 | .850/.883 | .833/.850.
-Log-probs of the right and the repeated answer in turn 2 track turn 1's: the 0.47M-parameter model answers the
-repair turn from the prompt and mostly repeats its first attempt (or garbles a constant); the planted turns raise
-the train reward of repair groups (0.60 -> 0.86 in 40 steps) without it carrying to held-out prompts.
-On train prompts a planted group can recall the memorised reference and ignore the error, so with
-`--set rl_round.planted_mirrors=true` a planted group plays the mirror instead (the reference planted, the tests
-asking for the near miss). repair_share 0.3, planted 0.5, 80 steps: near misses of any kind .850/.867 |
-.833/.850 | .850/.850 (496 s: the off-by-one constants it was asked to repair by reading the error's arithmetic
-came back garbled); planted answers reading the task the other way (as now) .850/.867 | .833/.850 | .867/.867
-(579 s). Training episodes then flip (x-69 -> x+69 in 5 of 8 samples by step 80), but on the holdout greedy
-turn 2 repairs 0 of 8 (single-turn: 1 of 10) and sampled turn 2 repairs 10 of 65 (single-turn: 9 of 71); the
-second answers are cut short or garbled (y-70 -> y-7, x-62 -> x+6, ending on the model's own stop token, well
-inside the 128-token context). Both directions at once (repair_share 0.5 with repair_mirrors, planted 0.5 with
-planted_mirrors, 80 steps; 641 s): .767/.767 | .850/.850 | .833/.850.
-Is it the model's size? The same run (repair_share 0.3, planted 0.5 with planted_mirrors, 80 steps) on a 4-layer
-model (`--set 'sft.tiny={"n_layer":4}'`, twice the tiny profile's depth; 1129 s): .800/.800 | .850/.850 |
-.867/.883, +3.3 points. Its multi-turn model does flip the reading in greedy turn 2 (y-70 -> y+7, k//2 -> k*2,
-y//9 -> y*7, m+95 -> m-9: 4 of 8; the 2-layer run below, 2 of 8) but copies the constant wrongly in 3 of
-them; sampled turn 2 repairs 12 of 72 (single-turn 6 of 79). At 150 steps (1713 s): .800/.800 | .833/.850 |
-.867/.883, +3.3 points again. With the 2-layer model and SFT's repair attempts always read the other way (no
-off-by-one constants in SFT either; 628 s): .800/.800 | .883/.883 | .867/.883, and turn 2 still changes
-constants (y-70 -> y-71): the garbled constants are not learned from SFT's off-by-one examples. Batched and
-one-at-a-time greedy episodes give the same answers (no padding effect). So the turn-2 failure was copying a
-two-digit constant across an error text whose own numbers compete with it: the prompts with one-digit constants
-that replaced them (the same recipe at 150 steps, before the first visible test had to tell the readings
-apart: .768/.804 | .804/.821 | .750/.964) gave the first clean flips in greedy turn 2.
+What makes repair learnable here is the tiny profile's code level 5 (training/tasksets/generators.py): only
+prompts with two readings, one-digit constants, and a first visible test that tells the readings apart. Every
+seed's figures, the variations tried and how the recipe got here: docs/results.md, "Multi-turn RL"; the tiny
+run hangs on float rounding, so they are given per machine.
 """
 
 from __future__ import annotations
