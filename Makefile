@@ -67,7 +67,7 @@ demo: install
 # runs only its 5M model.
 QWEN2_ARGS ?=
 bench: install
-	@for b in benchmarks/taskset.py benchmarks/sandbox.py benchmarks/rl.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in benchmarks/taskset.py benchmarks/sandbox.py benchmarks/rl.py benchmarks/gate_power.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 	@echo "== benchmarks/qwen2.py $(QWEN2_ARGS)"; $(PY) benchmarks/qwen2.py $(QWEN2_ARGS)
 
 gpu-check:

@@ -18,7 +18,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from training.evaluation.gate_rules import METRIC_LABELS
+from training.evaluation.gate_config import METRIC_LABELS
 from training.profiles import PROFILES
 from training.rollout import ENGINES
 
@@ -49,7 +49,10 @@ LOSS_AGG_LABELS = {
 ENGINE_LABELS = {name: f"{name}: {what}" for name, what in ENGINES.items()}
 # The dimensions the gate can compare (gate_rules is torch-free, so the scheduler may import it).
 GATE_METRICS = METRIC_LABELS
+# The built-in domains; a task set may have others (a verifier from a user's package, rows naming their own
+# domain), so the form accepts any domain name and the stages check it against the task set in use.
 DOMAINS = ("math", "code", "extraction", "instruction")
+DOMAIN_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # Stage names a per-stage override may address ("rl_round" applies to every round).
 OVERRIDE_STAGES = (
     "taskset",
@@ -64,7 +67,7 @@ OVERRIDE_STAGES = (
 
 def _mix_schema() -> dict[str, Any]:
     return {
-        "propertyNames": {"enum": list(DOMAINS)},
+        "propertyNames": {"pattern": DOMAIN_NAME},
         "additionalProperties": {"type": "number", "minimum": 0, "maximum": 1},
     }
 
@@ -89,9 +92,9 @@ def build_params(max_rounds: int = MAX_ROUNDS) -> dict[str, Param]:
             title="Domains and ratios",
             section=SECTION_DATA,
             **_mix_schema(),
-            description_md="Train-set and RL prompt mix as ratios between 0 and 1 per domain (`math`, `code`, "
-            '`extraction`, `instruction`), e.g. `{"math": 0.5, "code": 0.25, "extraction": 0.25}`. '
-            "Empty: the profile's mix.",
+            description_md="Train-set and RL prompt mix as ratios between 0 and 1 per domain: the built-in "
+            "`math`, `code`, `extraction`, `instruction`, or the domains of your task set, e.g. "
+            '`{"math": 0.5, "code": 0.25, "extraction": 0.25}`. Empty: the profile\'s mix.',
         ),
         "seed": Param(
             0,

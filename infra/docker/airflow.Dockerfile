@@ -12,7 +12,7 @@ COPY --chown=airflow:root plugins /opt/posttrain/plugins
 COPY --chown=airflow:root training/__init__.py training/stage.py training/storage.py training/storage_backends.py \
      training/tracking.py training/config.py training/profiles.py training/lease.py /opt/posttrain/training/
 COPY --chown=airflow:root training/rollout/__init__.py training/rollout/base.py /opt/posttrain/training/rollout/
-COPY --chown=airflow:root training/evaluation/__init__.py training/evaluation/gate_rules.py \
+COPY --chown=airflow:root training/evaluation/__init__.py training/evaluation/gate_config.py \
      /opt/posttrain/training/evaluation/
 COPY --chown=airflow:root dags /opt/airflow/dags
 # Operators import the stage-result protocol from training/ (stdlib at import time) but nothing heavier.

@@ -49,6 +49,10 @@ def test_dropdowns_match_the_code() -> None:
     assert set(PROFILE_LABELS) == set(PROFILES)
 
 
+def test_the_mix_takes_domains_a_user_adds() -> None:
+    assert _validated({"mix": {"poetry": 0.5, "math": 0.5}})["mix"] == {"poetry": 0.5, "math": 0.5}
+
+
 @pytest.mark.parametrize(
     "field, value, words",
     [
@@ -61,7 +65,7 @@ def test_dropdowns_match_the_code() -> None:
         ("advantage", "ppo", "not one of"),
         ("rollout_engine", "sglang", "not one of"),
         ("mix", {"math": 2}, "maximum"),
-        ("mix", {"poetry": 0.5}, "poetry"),
+        ("mix", {"my poetry": 0.5}, "my poetry"),
         ("base_model", "my model", "does not match"),
         ("run_root", "/tmp/runs", "does not match"),
         ("stage_overrides", {"sfft": {}}, "sfft"),

@@ -5,22 +5,40 @@ Pure functions over counts; no model, no I/O. GateConfig (below) holds the rules
 
 Rules (each failing rule adds a reason naming the domain and the numbers):
 1. Regression vs a reference (champion, SFT baseline): a domain is blocked when its pass@1 drop exceeds the
-   tolerance AND the drop is credible — the upper end of the Newcombe interval for (candidate - reference) is
-   below zero. Small holdouts therefore do not block on noise, and clear regressions always block.
+   tolerance AND the drop is credible: the one-sided test of "the candidate is not worse" rejects at
+   alpha = 1 - confidence after adjustment across the whole family (below). When both models' evaluations
+   kept per-task outcomes (they do since paired gating) the test is paired on the task ids both answered:
+   the exact McNemar test on the discordant tasks, with Newcombe's paired interval shown; the drop is measured
+   on those shared tasks and the check says how many were paired. Without outcomes (older reports) it falls
+   back to the unpaired Agresti-Caffo test and Newcombe's unpaired interval.
    The same rule runs on every dimension named in `GateConfig.metrics`: pass@1, strict pass@1, the
    format-following rate, long-context pass@1 (summed over the distractor sweep) and pass-within-repair-turns.
+   A domain with fewer than `min_samples` holdout tasks is "not enough evidence": it does not block on its
+   own but is pooled with the other small domains of its group (`GateConfig.groups`, or the tasks' own
+   metadata "group") and the group is tested as one; `strict_min_samples` makes such a domain block as before.
+   Every domain pooled is tested too (domain "all"): a fall spread thin over many domains, none credible
+   alone, still blocks. When nothing has enough tasks, nothing was compared and the gate blocks.
 2. Non-inferiority (when a margin is set): the candidate must *show* that it is at most `margin` worse than the
    reference in every domain: a one-sided test of H0 "p_cand - p_ref <= -margin" on the Agresti-Caffo adjusted
    difference (add one success and one failure to each arm, so 0% and 100% do not give a zero standard
    error), with the domains' p-values Holm-corrected. Unlike rule 1, too little evidence blocks: a candidate
    3 points worse whose intervals all cross zero no longer promotes.
 3. Reward hacking: the RL train reward rose while the holdout pass rate fell by more than the tolerance
-   (credibly, as above) between the first and the last round — the policy learnt the reward, not the task.
+   (credibly, tested as in rule 1 and in the same family) between the first and the last round: the policy
+   learnt the reward, not the task.
 4. KL and entropy sanity: the last RL round's mean KL to the reference above `max_kl`, or its mean token
    entropy below `min_entropy_ratio` times the first round's (the policy collapsed onto a few outputs).
 5. Floor: a candidate passing no holdout task at all is blocked (`require_any_pass`), and, when `min_pass1` is
    set, so is one whose pass@1 in some domain is below it. Comparisons alone would promote a broken model over
    an equally broken reference.
+
+Error control across the family: every regression and reward-hacking test the gate runs (reference x domain
+or group x dimension) is one family, adjusted together by `multiple_testing`: "holm" (the default) bounds the
+chance that an equal candidate is blocked by anything at alpha however many domains there are; "bh"
+(Benjamini-Hochberg) bounds the expected share of wrong blocks among the blocks, which lets more true
+regressions through to a block at a hundred domains but no longer bounds the chance of blocking a good
+candidate, so it is not the default. Each check keeps its raw p-value ("p") and the adjusted one
+("p_adjusted"). The non-inferiority tests (rule 2) are their own Holm family: there a small p-value promotes.
 
 Every rule's decision on every domain and dimension, blocking or not, is kept as a `Check` (with its numbers),
 so verdict.json and the gate's report show why a candidate passed as well as why it was blocked.
@@ -32,213 +50,44 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.config import ConfigBase
-from training.evaluation.gate_stats import diff_interval, holm, noninferiority_p
+from training.evaluation.gate_config import (
+    METRIC_LABELS,
+    METRICS,
+    Check,
+    Counts,
+    Finding,
+    GateConfig,
+    rule_tag,
+)
+from training.evaluation.gate_regression import (
+    adjust_family,
+    compare_counts,
+    compare_domains,
+    regression_checks,
+    reward_hacking,
+    reward_hacking_checks,
+)
+from training.evaluation.gate_stats import holm, noninferiority_p
 
-
-@dataclass(frozen=True)
-class Counts:
-    passed: int
-    total: int
-
-    @property
-    def rate(self) -> float:
-        return self.passed / self.total if self.total else 0.0
-
-
-@dataclass(frozen=True)
-class Finding:
-    rule: str  # "regression", "non_inferiority", "reward_hacking", "kl_entropy", "insufficient_data",
-    #                      "floor"
-    domain: str  # "all" for rules on the whole policy (KL, entropy)
-    reference: str
-    message: str
-    numbers: dict[str, float]
-    metric: str = "pass1"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One rule's decision on one domain and dimension: "pass", "block" or "skip" (not applicable)."""
-
-    rule: str
-    domain: str
-    reference: str
-    metric: str
-    decision: str
-    message: str
-    numbers: dict[str, float]
-
-    def finding(self) -> Finding:
-        return Finding(self.rule, self.domain, self.reference, self.message, self.numbers, self.metric)
-
-
-METRIC_LABELS = {
-    "pass1": "pass@1",
-    "pass1_strict": "strict pass@1",
-    "format": "format rate",
-    "long_context": "long-context pass@1",
-    "self_repair": "pass within repair turns",
-}
-METRICS = tuple(METRIC_LABELS)
-
-
-@dataclass(frozen=True)
-class GateConfig(ConfigBase):
-    """Regression gate.
-
-    tolerance:        largest pass@1 drop (fraction, 0.01 = 1 point) tolerated per domain.
-    confidence:       level of the Newcombe interval used to call a drop credible (0.80/0.90/0.95/0.99).
-    references:       which references to compare with: "champion" (MLflow alias), "sft" (the run's SFT model).
-    min_reward_rise:  train-reward increase (first→last RL round) that, with a credible holdout drop, is
-                      called reward hacking.
-    min_samples:      a domain with fewer holdout tasks than this cannot pass the gate (too little evidence).
-    metrics:          the dimensions the regression rule compares per domain: "pass1", "pass1_strict",
-                      "format" (format-following rate), "long_context" (pass@1 behind distractors, summed over
-                      the sweep), "self_repair" (pass within the repair turns). pass@1 and format by default;
-                      add "long_context"/"self_repair" to gate on them.
-    noninferiority_margin: the largest pass@1 loss (fraction) the candidate may have against each reference,
-                      which it must *show* with a one-sided test at `confidence`, Holm-corrected across domains.
-                      0 turns the rule off (the default: on small holdouts no candidate can show it; set it
-                      with enough holdout tasks, e.g. 0.03 with 1000 per domain).
-    noninferiority_margins: per-domain margins, overriding noninferiority_margin for the domains named.
-    multiple_testing: "holm" (adjust the non-inferiority p-values across domains) or "none".
-    max_kl:           the last RL round's mean KL to the reference may not exceed this (0 = rule off).
-    min_entropy_ratio: the last RL round's mean token entropy must be at least this share of the first round's
-                      (0 = rule off): below it the policy has collapsed onto a few outputs.
-    require_any_pass: block a candidate that passes no holdout task at all (the floor: two broken models
-                      compare as "not worse", so the comparison rules alone would promote it).
-    min_pass1:        per-domain pass@1 floor (fraction); 0 = off.
-    """
-
-    tolerance: float = 0.01
-    confidence: float = 0.95
-    references: list[str] = field(default_factory=lambda: ["champion", "sft"])
-    min_reward_rise: float = 0.02
-    min_samples: int = 20
-    metrics: list[str] = field(default_factory=lambda: ["pass1", "format"])
-    noninferiority_margin: float = 0.0
-    noninferiority_margins: dict[str, float] = field(default_factory=dict)
-    multiple_testing: str = "holm"
-    max_kl: float = 0.0
-    min_entropy_ratio: float = 0.0
-    require_any_pass: bool = True
-    min_pass1: float = 0.0
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.metrics) - set(METRICS))
-        if unknown:
-            raise ValueError(f"unknown gate metrics {unknown}; expected some of {list(METRICS)}")
-        if self.multiple_testing not in ("holm", "none"):
-            raise ValueError(f"multiple_testing must be 'holm' or 'none', not {self.multiple_testing!r}")
-        margins = [self.noninferiority_margin, *self.noninferiority_margins.values()]
-        if not 0 <= self.min_pass1 <= 1:
-            raise ValueError(f"min_pass1 must be in [0, 1], got {self.min_pass1}")
-        if any(not 0 <= m < 1 for m in margins):
-            raise ValueError(f"non-inferiority margins must be in [0, 1): {margins}")
-
-    def margin_for(self, domain: str) -> float:
-        return float(self.noninferiority_margins.get(domain, self.noninferiority_margin))
-
-
-def _rule_tag(rule: str, metric: str) -> str:
-    return f"[rule {rule}, {metric}]"
-
-
-def regression_checks(
-    candidate: dict[str, Counts],
-    reference: dict[str, Counts],
-    reference_name: str,
-    cfg: GateConfig,
-    metric: str = "pass1",
-) -> list[Check]:
-    """Rule 1 on one dimension. For pass@1 a domain with too few holdout tasks blocks (insufficient_data); for
-    the other dimensions a domain the evaluation did not measure is skipped."""
-    checks = []
-    label = METRIC_LABELS.get(metric, metric)
-    for domain in sorted(set(candidate) | set(reference)):
-        cand, ref = candidate.get(domain), reference.get(domain)
-        if metric == "pass1" and (cand is None or cand.total < cfg.min_samples):
-            checks.append(
-                Check(
-                    "insufficient_data",
-                    domain,
-                    reference_name,
-                    metric,
-                    "block",
-                    f"{domain}: only {cand.total if cand else 0} holdout tasks evaluated "
-                    f"(need {cfg.min_samples}) {_rule_tag('insufficient_data', metric)}",
-                    {"total": float(cand.total if cand else 0), "min_samples": float(cfg.min_samples)},
-                )
-            )
-            continue
-        if cand is None or cand.total == 0 or ref is None or ref.total == 0:
-            checks.append(
-                Check(
-                    "regression",
-                    domain,
-                    reference_name,
-                    metric,
-                    "skip",
-                    f"{domain}: {label} not measured for both models",
-                    {},
-                )
-            )
-            continue  # a new domain (or one without this dimension) has nothing to regress from
-        lo, hi = diff_interval(cand.passed, cand.total, ref.passed, ref.total, cfg.confidence)
-        drop = ref.rate - cand.rate
-        numbers = {
-            "candidate": cand.rate,
-            "reference": ref.rate,
-            "diff": -drop,
-            "diff_lo": lo,
-            "diff_hi": hi,
-            "tolerance": cfg.tolerance,
-        }
-        text = (
-            f"{domain}: {label} {cand.rate:.3f} vs {reference_name} {ref.rate:.3f} "
-            f"({-drop * 100:+.1f} pts, {cfg.confidence:.0%} CI [{lo * 100:+.1f}, {hi * 100:+.1f}])"
-        )
-        if drop > cfg.tolerance and hi < 0:
-            checks.append(
-                Check(
-                    "regression",
-                    domain,
-                    reference_name,
-                    metric,
-                    "block",
-                    f"{text} exceeds tolerance {cfg.tolerance * 100:.1f} pts {_rule_tag('regression', metric)}",
-                    numbers,
-                )
-            )
-        else:
-            checks.append(
-                Check(
-                    "regression",
-                    domain,
-                    reference_name,
-                    metric,
-                    "pass",
-                    f"{text}: no credible drop beyond {cfg.tolerance * 100:.1f} pts",
-                    numbers,
-                )
-            )
-    return checks
-
-
-def compare_domains(
-    candidate: dict[str, Counts],
-    reference: dict[str, Counts],
-    reference_name: str,
-    cfg: GateConfig,
-    metric: str = "pass1",
-) -> list[Finding]:
-    """The blocking findings of rule 1 (regression) on one dimension."""
-    return [
-        c.finding()
-        for c in regression_checks(candidate, reference, reference_name, cfg, metric)
-        if c.decision == "block"
-    ]
+__all__ = [
+    "METRICS",
+    "METRIC_LABELS",
+    "Check",
+    "Counts",
+    "Finding",
+    "GateConfig",
+    "Verdict",
+    "adjust_family",
+    "compare_counts",
+    "compare_domains",
+    "decide",
+    "floor_checks",
+    "noninferiority_checks",
+    "policy_sanity_checks",
+    "regression_checks",
+    "reward_hacking",
+    "reward_hacking_checks",
+]
 
 
 def noninferiority_checks(
@@ -271,7 +120,7 @@ def noninferiority_checks(
             "diff_lower_one_sided": pc - pr - z * se,
             "p": raw[domain],
         }
-    adjusted = holm(raw) if cfg.multiple_testing == "holm" else dict(raw)
+    adjusted = holm(raw) if cfg.multiple_testing != "none" else dict(raw)
     checks = []
     label = METRIC_LABELS.get(metric, metric)
     for domain in sorted(raw):
@@ -301,7 +150,7 @@ def noninferiority_checks(
                     reference_name,
                     metric,
                     "block",
-                    f"{text} >= alpha {alpha:.2f}: non-inferiority not shown {_rule_tag('non_inferiority', metric)}",
+                    f"{text} >= alpha {alpha:.2f}: non-inferiority not shown {rule_tag('non_inferiority', metric)}",
                     nums,
                 )
             )
@@ -325,7 +174,7 @@ def floor_checks(candidate: dict[str, Counts], cfg: GateConfig) -> list[Check]:
                 "pass1",
                 "pass" if ok else "block",
                 f"all: the candidate passes {passed}/{total} holdout tasks"
-                + ("" if ok else f" (none at all) {_rule_tag('floor', 'pass1')}"),
+                + ("" if ok else f" (none at all) {rule_tag('floor', 'pass1')}"),
                 {"passed": passed, "total": total},
             )
         )
@@ -342,7 +191,7 @@ def floor_checks(candidate: dict[str, Counts], cfg: GateConfig) -> list[Check]:
                     "pass" if ok else "block",
                     f"{domain}: pass@1 {c.passed}/{c.total} ({rate:.1%}) "
                     f"{'>=' if ok else '<'} floor {cfg.min_pass1:.1%}"
-                    + ("" if ok else f" {_rule_tag('floor', 'pass1')}"),
+                    + ("" if ok else f" {rule_tag('floor', 'pass1')}"),
                     {"pass1": rate, "min_pass1": cfg.min_pass1},
                 )
             )
@@ -379,7 +228,7 @@ def policy_sanity_checks(rounds: list[dict[str, Any]], cfg: GateConfig) -> list[
                     "kl",
                     "pass" if ok else "block",
                     f"all: last RL round's mean KL to the reference {kls[-1]:.4f} "
-                    f"{'<=' if ok else '>'} max {cfg.max_kl:.4f}" + ("" if ok else f" {_rule_tag('kl_entropy', 'kl')}"),
+                    f"{'<=' if ok else '>'} max {cfg.max_kl:.4f}" + ("" if ok else f" {rule_tag('kl_entropy', 'kl')}"),
                     nums,
                 )
             )
@@ -415,88 +264,11 @@ def policy_sanity_checks(rounds: list[dict[str, Any]], cfg: GateConfig) -> list[
                     "pass" if ok else "block",
                     f"all: policy entropy {ents[0]:.3f} -> {ents[-1]:.3f} nats/token over the RL "
                     f"rounds (ratio {ratio:.2f} {'>=' if ok else '<'} min {cfg.min_entropy_ratio:.2f})"
-                    + ("" if ok else f" {_rule_tag('kl_entropy', 'entropy')}"),
+                    + ("" if ok else f" {rule_tag('kl_entropy', 'entropy')}"),
                     nums,
                 )
             )
     return checks
-
-
-def reward_hacking_checks(
-    train_reward: list[float], holdout_first: dict[str, Counts], holdout_last: dict[str, Counts], cfg: GateConfig
-) -> list[Check]:
-    """Rule 3. Train reward per RL round (first..last) vs holdout counts before the first and after the last
-    round."""
-    if len(train_reward) < 2:
-        return [
-            Check(
-                "reward_hacking",
-                "all",
-                "rl_rounds",
-                "pass1",
-                "skip",
-                f"{len(train_reward)} RL round(s) with a train reward: nothing to compare",
-                {},
-            )
-        ]
-    rise = train_reward[-1] - train_reward[0]
-    if rise < cfg.min_reward_rise:
-        return [
-            Check(
-                "reward_hacking",
-                "all",
-                "rl_rounds",
-                "pass1",
-                "pass",
-                f"train reward rose {rise:+.3f} over the RL rounds (< {cfg.min_reward_rise:.3f}): "
-                "no reward rise to explain",
-                {"reward_rise": rise, "min_reward_rise": cfg.min_reward_rise},
-            )
-        ]
-    checks = []
-    for domain in sorted(set(holdout_first) & set(holdout_last)):
-        first, last = holdout_first[domain], holdout_last[domain]
-        if not first.total or not last.total:
-            continue
-        lo, hi = diff_interval(last.passed, last.total, first.passed, first.total, cfg.confidence)
-        drop = first.rate - last.rate
-        numbers = {
-            "reward_rise": rise,
-            "holdout_first": first.rate,
-            "holdout_last": last.rate,
-            "diff_lo": lo,
-            "diff_hi": hi,
-            "tolerance": cfg.tolerance,
-        }
-        text = (
-            f"{domain}: train reward rose {rise:+.3f} over the RL rounds while holdout pass@1 went "
-            f"{first.rate:.3f} -> {last.rate:.3f} ({-drop * 100:+.1f} pts, CI [{lo * 100:+.1f}, "
-            f"{hi * 100:+.1f}])"
-        )
-        blocked = drop > cfg.tolerance and hi < 0
-        checks.append(
-            Check(
-                "reward_hacking",
-                domain,
-                "rl_rounds",
-                "pass1",
-                "block" if blocked else "pass",
-                text.replace("went", "fell") + f" {_rule_tag('reward_hacking', 'pass1')}" if blocked else text,
-                numbers,
-            )
-        )
-    return checks
-
-
-def reward_hacking(
-    train_reward: list[float], holdout_first: dict[str, Counts], holdout_last: dict[str, Counts], cfg: GateConfig
-) -> list[Finding]:
-    """The blocking findings of rule 3 (reward hacking)."""
-    return [
-        c.finding()
-        for c in reward_hacking_checks(train_reward, holdout_first, holdout_last, cfg)
-        if c.decision == "block"
-    ]
 
 
 @dataclass(frozen=True)
@@ -524,6 +296,7 @@ def decide(
     cfg: GateConfig,
     dimensions: dict[str, dict[str, dict[str, Counts]]] | None = None,
     rounds: list[dict[str, Any]] | None = None,
+    groups: dict[str, str] | None = None,
 ) -> Verdict:
     """The verdict: promote only when no rule blocks. `candidate` and `references` ("champion", "sft" -> counts)
     are pass@1; `dimensions` maps another dimension of cfg.metrics ("format", "long_context", ...) to
@@ -539,10 +312,11 @@ def decide(
                 cand, ref = dimensions[metric]["candidate"], dimensions[metric].get(name, {})
             else:
                 continue
-            checks += regression_checks(cand, ref, name, cfg, metric)
+            checks += regression_checks(cand, ref, name, cfg, metric, groups)
         checks += noninferiority_checks(candidate, references[name], name, cfg)
     if holdout_first is not None:
         checks += reward_hacking_checks(train_reward, holdout_first, candidate, cfg)
+    checks = adjust_family(checks, cfg)
     checks += policy_sanity_checks(rounds or [], cfg)
     checks += floor_checks(candidate, cfg)
     unique: dict[tuple[str, str, str, str], Finding] = {}

@@ -24,8 +24,10 @@ def metric_counts(model_report: dict[str, Any], metric: str) -> dict[str, Counts
     out = {}
     for d, r in model_report["domains"].items():
         total = int(r["pass1"]["total"])
+        kept = r.get("outcomes", {})
         if metric in ("pass1", "pass1_strict", "format") and metric in r:
-            out[d] = Counts(int(r[metric]["passed"]), int(r[metric]["total"]))
+            outcomes = dict(zip(kept["ids"], map(bool, kept[metric]))) if metric in kept else None
+            out[d] = Counts(int(r[metric]["passed"]), int(r[metric]["total"]), outcomes)
         elif metric == "format" and "format_rate" in r:  # reports before format counts were kept
             out[d] = Counts(round(float(r["format_rate"]) * total), total)
         elif metric == "long_context" and r.get("long_context_sweep"):
@@ -44,15 +46,43 @@ def metric_counts(model_report: dict[str, Any], metric: str) -> dict[str, Counts
     return out
 
 
+def pairing(candidate: dict[str, Counts], reference: dict[str, Counts]) -> dict[str, int]:
+    """How many of the candidate's holdout tasks the reference answered too (by task id, all domains)."""
+    cand = {t for c in candidate.values() for t in (c.outcomes or {})}
+    ref = {t for c in reference.values() for t in (c.outcomes or {})}
+    return {"candidate": len(cand), "reference": len(ref), "shared": len(cand & ref)}
+
+
 def render_verdict_markdown(verdict: dict[str, Any]) -> str:
     """verdict.md: the decision, then every rule's decision with its numbers."""
     lines = [f"# Gate: {verdict['decision'].upper()} ({verdict.get('candidate_stage')})", ""]
     lines += [f"- {r}" for r in verdict["reasons"]]
-    lines += ["", "| rule | reference | domain | dimension | decision | numbers |", "|---|---|---|---|---|---|"]
+    pairing = verdict.get("paired", {})
+    if pairing:
+        lines += [""] + [
+            f"Paired with {name}: {p['shared']} of the candidate's {p['candidate']} holdout tasks answered by both "
+            f"({p['reference']} evaluated for {name})."
+            for name, p in sorted(pairing.items())
+        ]
+    family = verdict.get("family", {})
+    if family:
+        lines += [
+            "",
+            f"Regression family: {family['size']} tests (reference x domain or group x dimension), "
+            f"{family['method']}-adjusted together at alpha {family['alpha']:.2f}.",
+        ]
+    lines += [
+        "",
+        "| rule | reference | domain | dimension | decision | p | adjusted p | numbers |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in verdict.get("checks", []):
-        nums = ", ".join(f"{k} {v:.4g}" for k, v in c["numbers"].items())
+        nums = ", ".join(f"{k} {v:.4g}" for k, v in c["numbers"].items() if k not in ("p", "p_adjusted"))
+        p = c["numbers"].get("p")
+        p_adj = c["numbers"].get("p_adjusted")
         lines.append(
-            f"| {c['rule']} | {c['reference']} | {c['domain']} | {c['metric']} | **{c['decision']}** | {nums} |"
+            f"| {c['rule']} | {c['reference']} | {c['domain']} | {c['metric']} | **{c['decision']}** "
+            f"| {'' if p is None else f'{p:.3g}'} | {'' if p_adj is None else f'{p_adj:.3g}'} | {nums} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -67,7 +97,16 @@ def verdict_from_report(report: dict[str, Any], cfg: GateConfig) -> dict[str, An
     holdout_first = references.get("sft")
     names = ["candidate", *references]
     dimensions = {m: {n: metric_counts(models[n], m) for n in names} for m in cfg.metrics if m != "pass1"}
-    verdict = decide(candidate, references, train_reward, holdout_first, cfg, dimensions, rounds).to_dict()
+    groups = {d: str(r["group"]) for d, r in models["candidate"]["domains"].items() if r.get("group")}
+    verdict = decide(candidate, references, train_reward, holdout_first, cfg, dimensions, rounds, groups).to_dict()
+    verdict["paired"] = {name: pairing(candidate, ref) for name, ref in references.items()}
+    family = [c for c in verdict["checks"] if "family" in c["numbers"]]
+    if family:
+        verdict["family"] = {
+            "size": len(family),
+            "method": cfg.multiple_testing,
+            "alpha": round(1 - cfg.confidence, 6),
+        }
     verdict["candidate_stage"] = report.get("candidate_stage")
     verdict["candidate_uri"] = models["candidate"]["uri"]
     verdict["compared_with"] = sorted(references)

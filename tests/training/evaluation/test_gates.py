@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from training.evaluation.gate_rules import Counts, GateConfig, decide
-from training.evaluation.gate_stats import diff_interval, holm, noninferiority_p, wilson_interval
+from training.evaluation.gate_stats import (
+    adjust,
+    benjamini_hochberg,
+    diff_interval,
+    holm,
+    inferiority_p,
+    mcnemar_p,
+    noninferiority_p,
+    paired_diff_interval,
+    wilson_interval,
+)
 
 
 def test_wilson_hand_computed() -> None:
@@ -45,7 +55,11 @@ def test_planted_degradation_blocked_with_domain_named() -> None:
     candidate = _counts(math=0.61, code=0.20, extraction=0.80)
     verdict = decide(candidate, {"champion": champion}, [], None, CFG)
     assert not verdict.promote
-    assert [(f.rule, f.domain, f.reference) for f in verdict.findings] == [("regression", "code", "champion")]
+    # the domain, and every domain pooled (a 6.7-point fall overall)
+    assert [(f.rule, f.domain, f.reference) for f in verdict.findings] == [
+        ("regression", "code", "champion"),
+        ("regression", "all", "champion"),
+    ]
     assert verdict.reasons[0].startswith("code: pass@1 0.200 vs champion 0.400 (-20.0 pts")
 
 
@@ -79,6 +93,46 @@ def test_too_few_holdout_tasks_block() -> None:
 
 
 # ----- non-inferiority, Holm, the other dimensions, KL/entropy (issue 16) -------------------------------------
+def test_mcnemar_one_sided_exact_and_mid_p_hand_computed() -> None:
+    assert mcnemar_p(5, 0, mid=False) == pytest.approx(1 / 32)  # all five discordant pairs against: 0.5**5
+    assert mcnemar_p(5, 0) == pytest.approx(1 / 64)  # mid-p: P(X > 5) + P(X = 5) / 2 = 0 + 1/64
+    assert mcnemar_p(3, 1, mid=False) == pytest.approx(5 / 16)  # (C(4,3) + C(4,4)) / 16
+    assert mcnemar_p(3, 1) == pytest.approx(3 / 16)  # 1/16 + (4/16) / 2
+    assert mcnemar_p(0, 4, mid=False) == pytest.approx(1.0)  # P(X >= 0)
+    assert mcnemar_p(0, 4) == pytest.approx(1 - 1 / 32)  # 1 - P(X = 0) / 2
+    assert mcnemar_p(0, 0) == 1.0
+    with pytest.raises(ValueError):
+        mcnemar_p(-1, 2)
+
+
+def test_paired_interval_newcombe_method_10_hand_computed() -> None:
+    # 100 tasks: 40 both pass, 5 only the candidate, 15 only the reference, 40 neither: p1 .45, p2 .55.
+    # Wilson 95%: 45/100 -> [.356144, .547556], 55/100 -> [.452444, .643856]; phi = (40*40 - 5*15 - 100/2) /
+    # sqrt(45*55*55*45) = 1475/2475 = .595960; p1 - l1 = u2 - p2 = .093856, so the lower half-width is
+    # .093856 * sqrt(2 * (1 - .595960)) = .084370 and the interval starts at -.1 - .084370.
+    lo, hi = paired_diff_interval(40, 5, 15, 40)
+    assert lo == pytest.approx(-0.184370, abs=1e-5)
+    assert hi == pytest.approx(-0.012304, abs=1e-5)
+    # the same margins unpaired cross zero: agreement is what makes the drop credible
+    assert diff_interval(45, 100, 55, 100)[1] > 0
+    # no correlation (phi = 0 after the continuity correction) gives Newcombe's unpaired interval
+    assert paired_diff_interval(25, 25, 25, 25) == pytest.approx(diff_interval(50, 100, 50, 100))
+
+
+def test_inferiority_p_is_the_other_tail_of_the_zero_margin_test() -> None:
+    assert inferiority_p(40, 100, 50, 100) == pytest.approx(1 - noninferiority_p(40, 100, 50, 100, 0.0))
+    assert inferiority_p(50, 100, 50, 100) == pytest.approx(0.5)
+    assert inferiority_p(1, 0, 1, 10) == 1.0
+
+
+def test_benjamini_hochberg_hand_computed() -> None:
+    # sorted .01, .03, .04 times 3/1, 3/2, 3/3 = .03, .045, .04; step-up minimum from the top: .03, .04, .04
+    assert benjamini_hochberg({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "b": 0.04, "c": 0.04})
+    assert adjust({"a": 0.2}, "none") == {"a": 0.2}
+    with pytest.raises(ValueError, match="multiple_testing"):
+        adjust({}, "bonferroni")
+
+
 def test_holm_hand_computed() -> None:
     # sorted 0.01, 0.03, 0.04 (m = 3): 3*0.01 = 0.03; 2*0.03 = 0.06; 1*0.04 = 0.04 -> kept monotone at 0.06
     assert holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
@@ -151,7 +205,10 @@ def test_format_collapse_blocked_by_default() -> None:
     fmt_ref, fmt_cand = _counts(math=0.95, code=0.90), _counts(math=0.30, code=0.90)
     verdict = decide(same, {"sft": same}, [], None, CFG, _dims("format", fmt_cand, fmt_ref))
     assert not verdict.promote
-    assert [(f.rule, f.metric, f.domain) for f in verdict.findings] == [("regression", "format", "math")]
+    assert [(f.rule, f.metric, f.domain) for f in verdict.findings] == [
+        ("regression", "format", "math"),
+        ("regression", "format", "all"),
+    ]
     assert verdict.reasons[0].startswith("math: format rate 0.300 vs sft 0.950 (-65.0 pts")
     assert verdict.reasons[0].endswith("[rule regression, format]")
 
@@ -164,8 +221,9 @@ def test_better_pass1_worse_long_context_blocked_only_when_that_gate_is_on() -> 
     on = GateConfig(min_samples=20, metrics=["pass1", "format", "long_context"])
     verdict = decide(cand, {"sft": sft}, [], None, on, dims)
     assert not verdict.promote
-    (f,) = verdict.findings
+    f, overall = verdict.findings
     assert (f.rule, f.metric, f.domain) == ("regression", "long_context", "math")
+    assert (overall.metric, overall.domain) == ("long_context", "all")
     assert f.numbers["candidate"] == 0.10 and f.numbers["reference"] == 0.40 and f.numbers["diff_hi"] < 0
     assert "long-context pass@1 0.100 vs sft 0.400 (-30.0 pts" in f.message
 

@@ -97,12 +97,14 @@ def test_verdict_names_rule_and_numbers_for_each_planted_case(file_run_uri, loca
     verdict = _verdict(file_run_uri)
     assert verdict["decision"] == "block"
     assert sorted((f["rule"], f["metric"], f["domain"]) for f in verdict["findings"]) == [
+        ("regression", "format", "all"),
         ("regression", "format", "code"),
         ("regression", "format", "math"),
+        ("regression", "long_context", "all"),
         ("regression", "long_context", "code"),
         ("regression", "long_context", "math"),
     ]
-    lc = next(f for f in verdict["findings"] if f["metric"] == "long_context")
+    lc = next(f for f in verdict["findings"] if f["metric"] == "long_context" and f["domain"] == "math")
     assert lc["numbers"]["candidate"] == 0.10 and lc["numbers"]["reference"] == 0.40  # summed over the sweep
     assert all("[rule regression, " in r for r in verdict["reasons"])
     checks = {(c["rule"], c["metric"], c["domain"]): c["decision"] for c in verdict["checks"]}
