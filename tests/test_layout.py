@@ -24,6 +24,7 @@ RANKS = {
     "training.phases": 0,
     "training.registry": 0,
     "training.profiles": 0,
+    "training.entry_points": 0,
     "training.rewards": 1,
     "training.tasksets": 2,
     "training.modeling": 3,

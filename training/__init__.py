@@ -4,6 +4,7 @@ The stage contract, at the top of the package (what every stage and the CLI shar
     stage.py          run_stage: skip when complete, MLflow run, lease, manifest last, the POSTTRAIN_RESULT line
     storage.py        S3/file storage with manifests (storage_backends.py: the file and S3 backends, retries)
     lease.py, checkpointing.py, tracking.py, registry.py, config.py, phases.py, profiles.py
+    entry_points.py   verifiers and environments that other packages register (`posttrain.verifiers`, ...)
     cli.py            `posttrain`: every stage and tool (cli_storage.py, score_cli.py: the storage and score tools)
 
 The wings, lowest first (a lower wing never imports a higher one; tests/test_layout.py checks it):

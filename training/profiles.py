@@ -64,11 +64,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {"tiny": TINY, "data": {}}
 #               about 10x full fine-tuning's, and RL works even at low rank.
 # Full fine-tuning of an 8B model's SFT or RL does not fit one 80 GB GPU with fp32 AdamW state (about 16 bytes
 # a parameter: 128 GB), so the 8B tier uses LoRA.
-CHAT_INSTRUCTIONS = {
-    # The answer formats the verifiers read first: \boxed{} (math) and a fenced Python block (code).
-    "math": "Please reason step by step, and put your final answer within \\boxed{}.",
-    "code": "Write the complete Python function in one ```python code block.",
-}
+# Chat instructions come from each domain's verifier (`Verifier.instruction`: math's \boxed{}, code's fenced
+# block, a user's own), resolved by SFT and saved with the model (ChatSettings.from_verifiers).
 _SFT_COMMON = {
     "max_seq_len": 1024,
     "batch_size": 16,
@@ -78,7 +75,7 @@ _SFT_COMMON = {
     "weight_decay": 0.0,
     "checkpoint_every": 100,
     "gradient_checkpointing": True,
-    "chat": {"system_prompt": "", "instructions": CHAT_INSTRUCTIONS},
+    "chat": {"system_prompt": "", "instructions": {}, "from_verifiers": True},
 }
 _RL_COMMON = {
     "steps": 100,

@@ -12,9 +12,23 @@ calculator.py   math with a calculator tool: `calc(<expression>)` in an answer i
 planting.py     planted wrong first answers (and mirrored tasks) that make an RL group practise repair
 episodes.py     runs G episodes per task through any rollout engine, up to T turns, and lays each out as one
                 completion (model tokens and environment tokens, the latter masked from the loss)
+
+A task plays the environment its config names for its domain, else its verifier's own (`environment_name`).
+Other packages add environments through the `posttrain.environments` entry point group
+(training/entry_points.py).
 """
 
-from training.environments.base import ENVIRONMENTS, Environment, Step, environment_for, make_environment, step_all
+from training.environments.base import (
+    ENVIRONMENTS,
+    Environment,
+    Step,
+    environment_for,
+    environment_name,
+    environment_names,
+    load_plugins,
+    make_environment,
+    step_all,
+)
 from training.environments.calculator import CalculatorEnv
 from training.environments.code_repair import CodeRepairEnv
 
@@ -25,6 +39,9 @@ __all__ = [
     "Environment",
     "Step",
     "environment_for",
+    "environment_name",
+    "environment_names",
+    "load_plugins",
     "make_environment",
     "step_all",
 ]

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from training.entry_points import load_environments
+from training.rewards import find_verifier
 from training.tasksets.schema import Task
 
 
@@ -53,15 +55,45 @@ def register_environment(name: str) -> Callable[[Callable[..., Environment]], Ca
     return add
 
 
+_PLUGINS: list[str] | None = None
+
+
+def load_plugins() -> list[str]:
+    """Register the environments other packages declare (`posttrain.environments` entry points), once, on the
+    first lookup (as training.rewards does for verifiers); returns their entry point names."""
+    global _PLUGINS
+    if _PLUGINS is None:
+        _PLUGINS = []
+        _PLUGINS = load_environments(ENVIRONMENTS)
+    return list(_PLUGINS)
+
+
+def environment_names() -> list[str]:
+    """Every environment name, built in and from installed packages."""
+    load_plugins()
+    return sorted(ENVIRONMENTS)
+
+
 def make_environment(name: str, task: Task, **options: Any) -> Environment:
     if name not in ENVIRONMENTS:
-        raise ValueError(f"unknown environment {name!r}; known: {', '.join(sorted(ENVIRONMENTS))}")
+        load_plugins()
+    if name not in ENVIRONMENTS:
+        raise ValueError(f"unknown environment {name!r}; known: {', '.join(environment_names())}")
     return ENVIRONMENTS[name](task, **options)
 
 
+def environment_name(task: Task, by_domain: dict[str, str]) -> str | None:
+    """The environment a task plays: the one `by_domain` names for its domain ("" = none: single-turn), else
+    its verifier's own (`Verifier.environment`; code: "code_repair"), so a domain a user adds gets its
+    verifier's environment without a setting naming the domain."""
+    if task.domain in by_domain:
+        return by_domain[task.domain] or None
+    return getattr(find_verifier(task.verifier), "environment", None)
+
+
 def environment_for(task: Task, by_domain: dict[str, str], **options: Any) -> Environment | None:
-    """The environment `by_domain` names for the task's domain (None: the task stays single-turn)."""
-    name = by_domain.get(task.domain)
+    """The environment `environment_name` picks for the task (None: the task stays single-turn)."""
+    name = environment_name(task, by_domain)
     return make_environment(name, task, **options) if name else None
 
 

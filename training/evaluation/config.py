@@ -20,7 +20,8 @@ class EvalConfig(ConfigBase):
     n_samples / ks:     samples per task at `temperature` for unbiased pass@k (Chen et al. 2021), k <= n.
     repair_turns:       self-repair: answers after the first in a greedy episode (R; training/environments), so
                         the report has pass within 1..R+1 turns per domain with an environment.
-    environments:       domain -> environment for self-repair (as rl_round's `environments`).
+    environments:       domain -> environment for self-repair, overriding the one its tasks' verifier names
+                        (`Verifier.environment`; code: "code_repair"); "" = none (as rl_round's `environments`).
     long_context_tasks: tasks per domain re-asked behind distractor text (other tasks), once per point of the
                         sweep: long_context_fractions of the model's context window (cut to what fits with the
                         prompt and max_new_tokens). distractor_tokens: the one length used when the model names
@@ -45,7 +46,7 @@ class EvalConfig(ConfigBase):
     ks: list[int] = field(default_factory=lambda: [1, 4, 8])
     temperature: float = 0.8
     repair_turns: int = 1
-    environments: dict[str, str] = field(default_factory=lambda: {"code": "code_repair"})
+    environments: dict[str, str] = field(default_factory=dict)
     long_context_tasks: int = 40
     distractor_tokens: int = 48
     long_context_fractions: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5])

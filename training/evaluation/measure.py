@@ -27,7 +27,7 @@ import random
 from collections import defaultdict
 from typing import Any
 
-from training.environments import environment_for
+from training.environments import environment_for, environment_name
 from training.environments.episodes import run_episodes
 from training.evaluation.config import EvalConfig
 from training.evaluation.metrics import mean_pass_at_k
@@ -60,11 +60,12 @@ def self_repair(
 ) -> tuple[dict[int, list[bool]], dict[int, int]]:
     """Greedy repair episodes through the same environments as RL (training/environments; code: the visible
     tests run in the sandbox, their failure shown as the next user turn), up to 1 + `repair_turns` answers, for
-    the tasks whose domain has one (`cfg.environments`). Returns ({task index: [hidden tests pass within 1, 2,
-    ..., 1 + repair_turns turns]}, {task index: 1 where the episode ended for lack of context}). Within k turns
-    means the answer the episode ended with by turn k (it ends once the visible tests pass), judged by the
-    task's own verifier (the hidden tests), so turn 1 is the greedy first attempt."""
-    idx = [i for i, t in enumerate(tasks) if t.domain in cfg.environments]
+    the tasks that have one (`environment_name`: the config's for their domain, else their verifier's).
+    Returns ({task index: [hidden tests pass within 1, 2, ..., 1 + repair_turns turns]}, {task index: 1 where
+    the episode ended for lack of context}). Within k turns means the answer the episode ended with by turn k
+    (it ends once the visible tests pass), judged by the task's own verifier (the hidden tests), so turn 1 is
+    the greedy first attempt."""
+    idx = [i for i, t in enumerate(tasks) if environment_name(t, cfg.environments)]
     if not idx:
         return {}, {}
     turns = 1 + cfg.repair_turns
@@ -212,8 +213,21 @@ def evaluate_model(
         levels: dict[int, list[int]] = defaultdict(list)
         for i in idx:
             levels[tasks[i].difficulty].append(i)
+        group = {
+            str(tasks[i].metadata.get("group"))
+            for i in idx
+            if isinstance(tasks[i].metadata, dict) and tasks[i].metadata.get("group")
+        }
         report[domain] = {
             "pass1": {"passed": sum(passed[i] for i in idx), "total": len(idx)},
+            # per task, in one order, so the gate can pair this model with another on the same task ids
+            "outcomes": {
+                "ids": [tasks[i].id for i in idx],
+                "pass1": [int(passed[i]) for i in idx],
+                "pass1_strict": [int(passed_strict[i]) for i in idx],
+                "format": [int(format_ok(tasks[i], greedy[i])) for i in idx],
+            },
+            **({"group": group.pop()} if len(group) == 1 else {}),
             "dropped_over_length": dropped.get(domain, 0),
             # format rising while accuracy falls is the classic early-RL failure: both, side by side
             "pass1_strict": {"passed": sum(passed_strict[i] for i in idx), "total": len(idx)},

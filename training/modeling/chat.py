@@ -32,11 +32,15 @@ class ChatSettings:
 
     system_prompt: the system turn; "" = none.
     instructions:  per-domain answer-format instruction appended to the user turn after a blank line, e.g.
-                   {"math": "Put the final answer in \\\\boxed{}."}; a domain not named gets none.
+                   {"math": "Put the final answer in \\\\boxed{}."}; a domain not named gets none, unless
+    from_verifiers: a domain not named in `instructions` gets its tasks' verifier's own (`Verifier.instruction`:
+                   math's \\\\boxed{}, code's fenced block, a user's verifier's), resolved once by SFT and saved
+                   with the model, so a domain a user adds is instructed without a setting naming it.
     """
 
     system_prompt: str = ""
     instructions: dict[str, str] = field(default_factory=dict)
+    from_verifiers: bool = False
 
 
 @dataclass

@@ -32,12 +32,15 @@ from training.rewards.base import (
     RewardFn,
     UnknownVerifier,
     Verifier,
+    find_verifier,
     get_reward,
     get_verifier,
+    load_plugins,
     register_reward,
     register_verifier,
     reward_fn,
     task_columns,
+    verifier_names,
 )
 
 __all__ = [
@@ -49,13 +52,16 @@ __all__ = [
     "UnknownVerifier",
     "Verifier",
     "get_reward",
+    "find_verifier",
     "get_verifier",
+    "load_plugins",
     "register_reward",
     "register_verifier",
     "reward_fn",
     "reward_weights",
     "score_tasks",
     "task_columns",
+    "verifier_names",
     "verify_tasks",
 ]
 
@@ -140,7 +146,8 @@ def verify_tasks(tasks: Sequence[Any], completions: Sequence[str], strict: bool 
     return out
 
 
-# Registration happens on import of the verifier modules.
+# Registration happens on import of the verifier modules; other packages' on the first lookup
+# (training/rewards/base.py: load_plugins).
 import importlib  # noqa: E402
 
 for _verifier_module in ("code", "format", "instructions", "judge", "math", "rules"):

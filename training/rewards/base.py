@@ -14,13 +14,17 @@ execution (`concurrency`, `limits` for the sandbox; judge settings); a verifier 
 know. None means "not applicable to this row" (no reference answer, or a row of another verifier).
 
 Callers (`score_tasks`, evaluation, task-set validation, self-repair) only ever go through this interface, so a
-new verifier is one module: subclass `Verifier`, set `name`, and `register_verifier(YourVerifier())`.
+new verifier is one module: subclass `Verifier`, set `name`, and `register_verifier(YourVerifier())`. A
+package outside this repository registers its verifiers through the `posttrain.verifiers` entry point group
+(training/entry_points.py): a domain is then data (its task rows name the verifier), with no edit here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
+
+from training.entry_points import load_verifiers
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -40,6 +44,11 @@ class Verifier:
     pass_threshold: ClassVar[float] = 1.0
     # judges any task (a component of a weighted reward), not only the rows whose `verifier` names it
     any_task: ClassVar[bool] = False
+    # the multi-turn environment (training/environments) its tasks play in RL episodes and evaluation's
+    # self-repair, unless a config names one for the task's domain; None: single-turn
+    environment: ClassVar[str | None] = None
+    # the answer-format instruction a chat model is given for its tasks (ChatSettings.from_verifiers)
+    instruction: ClassVar[str] = ""
 
     def score(self, tasks: Sequence[Any], completions: Sequence[str], **options: Any) -> list[float | None]:
         raise NotImplementedError
@@ -116,11 +125,38 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     return deco
 
 
+_PLUGINS: list[str] | None = None
+
+
+def load_plugins() -> list[str]:
+    """Register the verifiers other packages declare (`posttrain.verifiers` entry points), once; returns their
+    entry point names. Called on the first lookup rather than on import: a user's module may itself import
+    training.rewards or training.environments, which must be whole by then."""
+    global _PLUGINS
+    if _PLUGINS is None:
+        _PLUGINS = []  # set first: a plugin that looks a verifier up while loading does not recurse
+        _PLUGINS = load_verifiers(register_verifier, Verifier)
+    return list(_PLUGINS)
+
+
+def find_verifier(name: str) -> Verifier | None:
+    """The verifier registered as `name` (built in or from a package), or None."""
+    if name not in VERIFIERS:
+        load_plugins()
+    return VERIFIERS.get(name)
+
+
+def verifier_names() -> list[str]:
+    """Every verifier name, built in and from installed packages."""
+    load_plugins()
+    return sorted(VERIFIERS)
+
+
 def get_verifier(name: str) -> Verifier:
-    try:
-        return VERIFIERS[name]
-    except KeyError:
-        raise UnknownVerifier(f"unknown verifier {name!r}; known verifiers: {', '.join(sorted(VERIFIERS))}") from None
+    verifier = find_verifier(name)
+    if verifier is None:
+        raise UnknownVerifier(f"unknown verifier {name!r}; known verifiers: {', '.join(verifier_names())}")
+    return verifier
 
 
 def get_reward(name: str) -> RewardFn:

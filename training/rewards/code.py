@@ -234,6 +234,8 @@ class CodeVerifier(Verifier):
 
     name = "code"
     repairable = True
+    environment = "code_repair"
+    instruction = "Write the complete Python function in one ```python code block."
 
     def score(
         self,

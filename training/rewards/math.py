@@ -296,6 +296,7 @@ class MathVerifier(Verifier):
     """Final answers: exact numbers first, then math-verify; lenient `score`, `strict` in the task's format."""
 
     name = "math"
+    instruction = "Please reason step by step, and put your final answer within \\boxed{}."
 
     @staticmethod
     def _columns(tasks: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from training.config import ConfigBase
-from training.environments import ENVIRONMENTS
+from training.environments import environment_names
 from training.modeling import distributed
 from training.modeling.lora import LoraSettings
 from training.rl import algorithms
@@ -96,7 +96,9 @@ class GRPOConfig(ConfigBase):
                         naming what was expected) until it is satisfied or T answers were given; the reward is the
                         verifier's (hidden tests) on the final answer, advantages are group-relative over whole
                         episodes, and the loss covers the model's tokens only (training/environments/episodes.py).
-    environments:       domain -> environment (training/environments) for T > 1; other domains stay single-turn.
+    environments:       domain -> environment (training/environments) for T > 1, overriding the one the task's
+                        verifier names (`Verifier.environment`; code: "code_repair"); "" = single-turn. A domain
+                        a user adds plays its verifier's environment with no setting here.
     turn_cost:          subtracted from an episode's reward per answer after the first (0 = none): prefers
                         getting it right first.
     answer_credit:      how an episode's answers share credit. "episode" (default): the whole episode takes one
@@ -184,7 +186,7 @@ class GRPOConfig(ConfigBase):
     vllm_tensor_parallel_size: int = 1
     device: str = "auto"
     max_turns: int = 1
-    environments: dict[str, str] = field(default_factory=lambda: {"code": "code_repair"})
+    environments: dict[str, str] = field(default_factory=dict)
     turn_cost: float = 0.0
     answer_credit: str = "episode"
     planted_share: float = 0.0
@@ -217,6 +219,6 @@ class GRPOConfig(ConfigBase):
             raise ValueError(f"answer_credit {self.answer_credit!r}: use one of {', '.join(ANSWER_CREDITS)}")
         if self.planted_mirrors and self.planted_share <= 0:
             raise ValueError("planted_mirrors needs planted_share > 0")
-        unknown = sorted(set(self.environments.values()) - set(ENVIRONMENTS))
+        unknown = sorted(set(self.environments.values()) - set(environment_names()) - {""})
         if unknown:
-            raise ValueError(f"environments name {unknown}; known: {', '.join(sorted(ENVIRONMENTS))}")
+            raise ValueError(f"environments name {unknown}; known: {', '.join(environment_names())}")

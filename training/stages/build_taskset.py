@@ -29,7 +29,7 @@ from typing import Any
 
 from training.cli import stage_cli
 from training.config import ConfigBase
-from training.rewards import VERIFIERS
+from training.rewards import verifier_names
 from training.stage import StageContext
 from training.tasksets.dedup import dedup, overlap_filter
 from training.tasksets.generators import DOMAIN_VERIFIER, generate
@@ -132,10 +132,10 @@ class TasksetConfig(ConfigBase):
                 )
 
         for domain, weights in self.reward_weights.items():
-            unknown = sorted(set(weights) - set(VERIFIERS))
+            unknown = sorted(set(weights) - set(verifier_names()))
             if unknown:
                 raise ValueError(
-                    f"reward_weights[{domain!r}]: unknown verifier(s) {unknown}; known: {', '.join(sorted(VERIFIERS))}"
+                    f"reward_weights[{domain!r}]: unknown verifier(s) {unknown}; known: {', '.join(verifier_names())}"
                 )
             if any(w < 0 for w in weights.values()) or not any(w > 0 for w in weights.values()):
                 raise ValueError(f"reward_weights[{domain!r}]: weights must be >= 0 and not all 0")

@@ -15,7 +15,8 @@ import hashlib
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from training.modeling.devices import resolve_device
 from training.modeling.lora import LoraSettings, apply_lora
 from training.modeling.optimizers import adamw
 from training.modeling.precision import autocast, enable_gradient_checkpointing, resolve_precision
+from training.rewards import get_verifier
 from training.stage import StageContext
 from training.tasksets.distractors import distractor_text
 from training.tasksets.schema import Task
@@ -154,6 +156,18 @@ class Example:
     loss_mask: list[int]  # 1 where the token is part of the response (predicted and trained on)
 
 
+def chat_for(settings: ChatSettings, tasks: Sequence[Task]) -> ChatSettings:
+    """The chat settings the model is trained and saved with: with `from_verifiers`, each domain the settings
+    do not instruct gets its first task's verifier's instruction (when it has one)."""
+    if not settings.from_verifiers:
+        return settings
+    found: dict[str, str] = {}
+    for task in tasks:
+        if task.domain not in settings.instructions and task.domain not in found:
+            found[task.domain] = get_verifier(task.verifier).instruction
+    return replace(settings, instructions={**{d: t for d, t in found.items() if t}, **settings.instructions})
+
+
 def tokenize_example(tokenizer: Any, prompt: str, response: str, max_len: int) -> Example:
     """prompt ids + response ids + EOS, loss on response and EOS only. Prompt and response are tokenised
     separately: that is exactly how generation sees them (prompt ids, then sampled ids)."""
@@ -238,7 +252,7 @@ def build_model(
     if not cfg.base_model:
         torch.manual_seed(cfg.seed)
         model = models.build_tiny_model(cfg.tiny, tokenizer)
-    tokenizer.chat_settings = cfg.chat
+    tokenizer.chat_settings = chat_for(cfg.chat, tasks)
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     if cfg.lora.enabled:
@@ -366,7 +380,7 @@ def train(ctx: StageContext) -> dict[str, Any]:
         vocab = hashlib.sha256(str(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()
         if len(set(distributed.all_gather(vocab))) != 1:
             raise RuntimeError("sft: the ranks built different tokenizers")
-    fmt = PromptFormat(tokenizer, cfg.chat, model.generation_config)
+    fmt = PromptFormat(tokenizer, tokenizer.chat_settings, model.generation_config)
     examples, overlong = encode_examples(fmt, tasks, cfg.max_seq_len, cfg.max_overlong_share)
     long_context = (
         long_context_examples(fmt, tasks, cfg.long_context_share, cfg.long_context_fractions, cfg.max_seq_len, cfg.seed)

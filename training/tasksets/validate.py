@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.rewards import VERIFIERS, get_verifier
+from training.rewards import get_verifier, verifier_names
 from training.tasksets.schema import COLUMNS, MAX_DIFFICULTY, MIN_DIFFICULTY, Task
 
 REQUIRED = ("id", "domain", "prompt", "verifier")
@@ -207,8 +207,7 @@ def _json_field(value: Any, kind: type | tuple[type, ...], what: str) -> tuple[A
 
 
 def _known_verifiers() -> set[str]:
-
-    return set(VERIFIERS)
+    return set(verifier_names())
 
 
 def _weights_problem(weights: Any, known: set[str]) -> str | None:

@@ -236,3 +236,20 @@ def test_a_mirrored_repair_example_asks_for_the_attempt_on_the_same_prompt() -> 
         trained = "".join(chr(i) for i, m in zip(ex.input_ids, ex.loss_mask) if m and i)
         task = next(t for t in tasks if text.startswith(t.prompt))
         assert text[len(task.prompt) :].startswith(task.reference + "\n# error: ") and trained not in references
+
+
+def test_chat_instructions_come_from_the_verifiers_unless_named() -> None:
+    from training.modeling.chat import ChatSettings
+    from training.rewards import get_verifier
+    from training.stages.sft import chat_for
+    from training.tasksets.schema import Task
+
+    tasks = [
+        Task(id="a", domain="math", prompt="1+1?", verifier="math", answer="2"),
+        Task(id="b", domain="python_hard", prompt="f?", verifier="code"),  # a user's domain, a built-in verifier
+        Task(id="c", domain="extraction", prompt="json", verifier="json_rules", answer="{}"),  # no instruction
+    ]
+    off = ChatSettings(instructions={"math": "Box it."})
+    assert chat_for(off, tasks) is off
+    on = ChatSettings(instructions={"math": "Box it."}, from_verifiers=True)
+    assert chat_for(on, tasks).instructions == {"math": "Box it.", "python_hard": get_verifier("code").instruction}
