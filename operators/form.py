@@ -46,7 +46,10 @@ LOSS_AGG_LABELS = {
     "seq-mean-token-mean": "sequence mean of token means (original GRPO)",
     "seq-mean-token-sum": "sequence mean of token sums",
 }
-ENGINE_LABELS = {name: f"{name}: {what}" for name, what in ENGINES.items()}
+ENGINE_LABELS = {
+    "auto": "auto: vLLM on a GPU where it is installed, else transformers",
+    **{name: f"{name}: {what}" for name, what in ENGINES.items()},
+}
 # The dimensions the gate can compare (gate_rules is torch-free, so the scheduler may import it).
 GATE_METRICS = METRIC_LABELS
 # The built-in domains; a task set may have others (a verifier from a user's package, rows naming their own
@@ -174,13 +177,16 @@ def build_params(max_rounds: int = MAX_ROUNDS) -> dict[str, Param]:
             description_md="How per-token policy losses are averaged into the batch loss.",
         ),
         "rollout_engine": Param(
-            "hf",
+            # "auto", the presets' own choice: a default of "hf" here overrode it, so a real model triggered
+            # from the unchanged form never rolled out with vLLM
+            "auto",
             type="string",
             enum=list(ENGINE_LABELS),
             values_display=ENGINE_LABELS,
             title="Rollout engine",
             section=SECTION_RL,
-            description_md="What samples the completions. `vllm` needs a GPU worker (the `gpu` extra).",
+            description_md="What samples the completions. `auto`: vLLM on a GPU worker where it is installed "
+            "(the `gpu` extra), else transformers.",
         ),
         # ----- evaluation and gate ---------------------------------------------------------------------------
         "require_approval": Param(

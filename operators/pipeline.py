@@ -17,7 +17,7 @@ from airflow.sdk import Asset, BaseBranchOperator
 from operators.form import DEFAULT_RUN_ROOT, MAX_ROUNDS, PARAMS
 from operators.queues import QUEUES
 from operators.spec import StageSpec
-from training.profiles import preset
+from training.profiles import apply_preset, deep_merge
 
 __all__ = ["DEFAULT_RUN_ROOT", "MAX_ROUNDS", "PARAMS"]  # the form lives in operators/form.py
 TASKSETS_ROOT = os.environ.get("POSTTRAIN_TASKSETS_ROOT", "s3://posttrain/tasksets")
@@ -79,11 +79,14 @@ def stage_config(stage: str, params: dict[str, Any]) -> str:
         {"seed": seed, **chosen} if stage in ("taskset", "sft", "evaluate") or stage.startswith("rl_round") else chosen
     )
     # A named base model gets the pretrained-model preset of its size; otherwise the profile's (tiny).
-    cfg = {**preset(params.get("profile") or "tiny", stage, params.get("base_model") or ""), **cfg}
+    cfg = apply_preset(
+        stage, cfg, params.get("base_model") or "", params.get("profile") or "tiny", params.get("preset_tier") or ""
+    )
     overrides = params.get("stage_overrides") or {}
+    # nested keys merge: {"lora": {"r": 8}} keeps the preset's lora.enabled, as the CLI's --set lora.r=8 does
     if stage.startswith("rl_round"):
-        cfg.update(overrides.get("rl_round") or {})
-    cfg.update(overrides.get(stage) or {})
+        cfg = deep_merge(cfg, overrides.get("rl_round") or {})
+    cfg = deep_merge(cfg, overrides.get(stage) or {})
     return json.dumps(cfg, sort_keys=True)
 
 

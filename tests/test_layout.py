@@ -25,6 +25,7 @@ RANKS = {
     "training.registry": 0,
     "training.profiles": 0,
     "training.entry_points": 0,
+    "training.model_size": 0,
     "training.rewards": 1,
     "training.tasksets": 2,
     "training.modeling": 3,

@@ -3,7 +3,8 @@
 The stage contract, at the top of the package (what every stage and the CLI share):
     stage.py          run_stage: skip when complete, MLflow run, lease, manifest last, the POSTTRAIN_RESULT line
     storage.py        S3/file storage with manifests (storage_backends.py: the file and S3 backends, retries)
-    lease.py, checkpointing.py, tracking.py, registry.py, config.py, phases.py, profiles.py
+    lease.py, checkpointing.py, tracking.py, registry.py, config.py, phases.py, profiles.py (model_size.py:
+                      a model's parameter count from its config.json, for the presets)
     entry_points.py   verifiers and environments that other packages register (`posttrain.verifiers`, ...)
     cli.py            `posttrain`: every stage and tool (cli_storage.py, score_cli.py: the storage and score tools)
 

@@ -13,9 +13,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from training.config import ConfigError, load_config
+from training.config import ConfigError, apply_overrides, from_dict, read_source
+from training.profiles import NoPreset, apply_preset
 from training.stage import run_stage
-from training.storage import StorageError
+from training.storage import StorageError, join, read_manifest
 from training.tracking import TrackingUnavailable
 
 if TYPE_CHECKING:
@@ -95,14 +96,42 @@ def stage_parser(prog: str, description: str, config_cls: type | None = None) ->
         metavar="KEY=VALUE",
         help="override one config key (dotted for nested), repeatable",
     )
+    parser.add_argument(
+        "--preset-tier",
+        default="",
+        metavar="TIER",
+        help="the pretrained preset tier (1.5B, 3B, 8B) instead of the one the base model's config.json sizes",
+    )
+    parser.add_argument(
+        "--no-preset",
+        action="store_true",
+        help="the config's own defaults even for a pretrained base model (no preset under --config/--set)",
+    )
     return parser
+
+
+def cli_base_model(stage: str, data: dict[str, Any], run_uri: str) -> str:
+    """The base model whose preset a stage run from the shell gets: sft's own `base_model`; for the stages
+    after it, the base model the run's SFT was trained from (its manifest's config). "" for the tiny model."""
+    if stage == "sft":
+        return str(data.get("base_model") or "")
+    if stage.startswith("rl_round") or stage == "evaluate":
+        manifest = read_manifest(join(run_uri, "sft"))
+        return str((manifest.config if manifest else {}).get("base_model") or "")
+    return ""
 
 
 def run_cli(fn: Callable[[], Any], user_errors: tuple[type[BaseException], ...] = ()) -> int:
     """Map the errors a user can fix (bad config, storage, tracking, plus `user_errors`) to exit code 2 with a
     one-line message, not a traceback."""
 
-    handled: tuple[type[BaseException], ...] = (ConfigError, StorageError, TrackingUnavailable, *user_errors)
+    handled: tuple[type[BaseException], ...] = (
+        ConfigError,
+        NoPreset,
+        StorageError,
+        TrackingUnavailable,
+        *user_errors,
+    )
     try:
         rc = fn()
     except handled as err:
@@ -136,7 +165,13 @@ def stage_cli(
         raise TypeError("stage_cli needs a body, or bind")
 
     def go() -> int:
-        run_stage(name, load_config(config_cls, args.config, args.set), args.run, run_body)
+        data = apply_overrides(read_source(args.config), args.set)
+        base_model = "" if args.no_preset else cli_base_model(name, data, args.run)
+        # the same presets as the DAGs (training/profiles.py: apply_preset), under what was given here
+        data = apply_preset(name, data, base_model, "", args.preset_tier)
+        inline = bool(args.config) and str(args.config).lstrip().startswith("{")
+        where = "inline --config JSON" if inline else str(args.config or "config")
+        run_stage(name, from_dict(config_cls, data, where), args.run, run_body)
         return 0
 
     return run_cli(go, user_errors)

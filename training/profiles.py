@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from training.model_size import model_size_b
+
 TINY: dict[str, dict[str, Any]] = {
     "taskset": {
         "counts": {"math": 3000, "code": 600, "extraction": 400, "instruction": 400},
@@ -130,27 +132,77 @@ PRETRAINED_TIERS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-def model_size_b(base_model: str) -> float | None:
-    """The parameter count in billions named in a model id or path ("Qwen2.5-0.5B-Instruct" -> 0.5), or None."""
-    import re
-
-    found = re.findall(r"(?<![\d.])(\d+(?:\.\d+)?)\s*[bB](?![a-zA-Z])", base_model.rsplit("/", 1)[-1])
-    return float(found[-1]) if found else None
+# The largest model each tier is for, in billions of parameters (a little above the family sizes it names:
+# Qwen2.5-1.5B has 1.54B, Llama-3.2-3B 3.2B, Llama-3.1-8B 8.0B).
+TIER_LIMITS_B = {"1.5B": 1.8, "3B": 3.6, "8B": 8.6}
 
 
-def pretrained_tier(base_model: str) -> str:
-    size = model_size_b(base_model)
-    if size is None or size <= 1.5:
+class NoPreset(ValueError):
+    """The model is larger than every preset tier: its settings must be chosen, not guessed."""
+
+
+def pretrained_tier(base_model: str, tier: str = "") -> str:
+    """The preset tier of `base_model`: `tier` when given, else by its parameter count from config.json (no
+    weights loaded; training/model_size.py), its name as the fallback, the smallest tier when neither says.
+    Above 8B there is no preset: full RL of such a model needs sharding across GPUs, which a preset cannot
+    size for a machine it does not know, so it is refused with what to do instead."""
+    if tier:
+        if tier not in PRETRAINED_TIERS:
+            raise ValueError(f"preset tier {tier!r}: use one of {', '.join(PRETRAINED_TIERS)}")
+        return tier
+    size, source = model_size_b(base_model)
+    if size is None:
         return "1.5B"
-    return "3B" if size <= 3.5 else "8B"
+    for name, limit in TIER_LIMITS_B.items():
+        if size <= limit:
+            return name
+    raise NoPreset(
+        f"{base_model}: {size:.1f}B parameters (from its {source}) is above the largest preset tier "
+        f"(8B: LoRA on one 80 GB GPU). Name a tier to start from (preset_tier: 8B) and set what differs through "
+        "stage overrides (parallel: fsdp, nproc_per_node, micro_batch_size), or give every stage its config."
+    )
 
 
-def preset(profile: str, stage: str, base_model: str = "") -> dict[str, Any]:
-    """The config for `stage` ("rl_round_N" uses the "rl_round" entry): the pretrained-model tier of
-    `base_model` when one is named, else the profile's."""
-    key = "rl_round" if stage.startswith("rl_round") else stage
+def preset(profile: str, stage: str, base_model: str = "", tier: str = "") -> dict[str, Any]:
+    """The config for `stage` ("rl_round_N" uses the "rl_round" entry; "rl-round" as the CLI names it): the
+    pretrained-model tier of `base_model` when one is named (pretrained_tier), else the profile's."""
+    key = stage.replace("-", "_")
+    key = "rl_round" if key.startswith("rl_round") else key
     if base_model:
-        return json.loads(json.dumps(PRETRAINED_TIERS[pretrained_tier(base_model)].get(key, {})))
+        return json.loads(json.dumps(PRETRAINED_TIERS[pretrained_tier(base_model, tier)].get(key, {})))
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
     return dict(PROFILES[profile].get(key, {}))
+
+
+# The stage-config fields that are configs of their own (dataclasses): an override of one of their keys merges
+# into the preset's; every other field, a mapping or not (domain_weights, mix), is replaced whole.
+# tests/training/test_presets.py checks the list against the config classes.
+SUB_CONFIGS = ("chat", "lora", "parallel", "tiny")
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid on `base` (a copy): the sub-configs (SUB_CONFIGS) merged key by key, the rest replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        nested = key in SUB_CONFIGS and isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge(out[key], value) if nested else value
+    return out
+
+
+def apply_preset(
+    stage: str, config: dict[str, Any], base_model: str = "", profile: str = "", tier: str = ""
+) -> dict[str, Any]:
+    """`config` laid over the stage's preset (pretrained tier of `base_model`, else `profile`'s; neither:
+    `config` as it is), sub-configs merged (`lora.r` set keeps the preset's `lora.enabled`). The one function
+    the DAGs (operators/pipeline.py) and the CLI (training/cli.py) apply presets with."""
+    if not base_model and not profile:
+        return dict(config)
+    return deep_merge(preset(profile or "tiny", stage, base_model, tier), config)

@@ -10,7 +10,8 @@ COPY --chown=airflow:root plugins /opt/posttrain/plugins
 # profiles, rollout engine names and gate metric labels). tests/deploy/test_airflow_image.py imports every DAG
 # from exactly these files with torch blocked, so a missing one fails there rather than in the dag-processor.
 COPY --chown=airflow:root training/__init__.py training/stage.py training/storage.py training/storage_backends.py \
-     training/tracking.py training/config.py training/profiles.py training/lease.py /opt/posttrain/training/
+     training/tracking.py training/config.py training/profiles.py training/model_size.py training/lease.py \
+     /opt/posttrain/training/
 COPY --chown=airflow:root training/rollout/__init__.py training/rollout/base.py /opt/posttrain/training/rollout/
 COPY --chown=airflow:root training/evaluation/__init__.py training/evaluation/gate_config.py \
      /opt/posttrain/training/evaluation/

@@ -45,7 +45,7 @@ def test_dropdowns_match_the_code() -> None:
 
     assert set(ADVANTAGE_LABELS) == set(algorithms.ADVANTAGES)
     assert set(LOSS_AGG_LABELS) == set(algorithms.LOSS_AGGREGATIONS)
-    assert set(ENGINE_LABELS) == set(ENGINES)
+    assert set(ENGINE_LABELS) == {"auto", *ENGINES}  # auto: the engine choice (training/rollout)
     assert set(PROFILE_LABELS) == set(PROFILES)
 
 
