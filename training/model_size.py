@@ -3,11 +3,11 @@ preset (training/profiles.py) for a folder whose name says nothing about its siz
 
 `parameter_count(config)` counts the weight matrices of a decoder-only transformer from the fields the
 transformers configs use (Llama, Qwen2/Qwen3, Mistral, Gemma, Phi-3, GPT-2 and their MoE variants): the
-embedding (and learned positions, GPT-2), the untied output head, and per layer the attention projections (grouped-query heads counted as
-such), the MLP (gated or not, per expert for MoE) and the router. Norms and biases are left out (well under 1%
-of any real model). `read_model_config(base_model)` finds the config.json of a local folder, an s3:// or
-file:// model folder in posttrain storage, or a hub id already in the local Hugging Face cache; None when there
-is none to read (the name is then the fallback).
+embedding (and learned positions, GPT-2), the untied output head, and per layer the attention projections
+(grouped-query heads counted as such), the MLP (gated or not, per expert for MoE) and the router. Norms and
+biases are left out (well under 1% of any real model). `read_model_config(base_model)` finds the config.json of
+a local folder, an s3:// or file:// model folder in posttrain storage, or a hub id already in the local Hugging
+Face cache; None when there is none to read (the name is then the fallback).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from training.tasksets.io import save_tasks
 from training.tasksets.loaders import load_source, source_label
 from training.tasksets.schema import Task
 from training.tasksets.sources import PROFILES, SourceSpec
-from training.tasksets.split import mix_train, stratified_split
+from training.tasksets.split import hash_split, mix_train, stratified_split
 from training.tasksets.validate import (
     RawRow,
     RowError,
@@ -70,6 +70,13 @@ class TasksetConfig(ConfigBase):
     domain_difficulties: tiny: per domain, levels that replace `difficulties` for that domain, e.g.
                       {"code": [2, 3]}: a measurable profile puts each domain where its baseline has headroom.
     holdout_fraction: share of each (domain, difficulty) group held out for evaluation (stratified).
+    split:            how tasks are held out: "hash" (a pure function of each task's content and `split_salt`:
+                      a task once in the holdout stays there across rebuilds, and a train task never enters
+                      it, so night-to-night gates compare the same questions), "shuffle" (a seeded shuffle per
+                      (domain, difficulty) group: exact proportions, but a task's side moves when the data
+                      changes), or "" (the default): "hash" for profile data, "shuffle" for tiny (its figures
+                      were tuned on that split).
+    split_salt:       the hash split's salt: fixed per model line; a new salt (or fraction) is a new holdout.
     ngram:            word n-gram size of the holdout contamination check; train tasks sharing one with a
                       holdout prompt are dropped. 13 as in GPT-3's decontamination (Brown et al. 2020, App. C).
     sources:          real data, a list of SourceSpec objects ({"path": ..., "adapter": ...}).
@@ -93,6 +100,8 @@ class TasksetConfig(ConfigBase):
     difficulties: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     domain_difficulties: dict[str, list[int]] = field(default_factory=dict)
     holdout_fraction: float = 0.1
+    split: str = ""
+    split_salt: str = "posttrain"
     ngram: int = 13
     sources: list[SourceSpec] = field(default_factory=list)
     quarantine: bool = False
@@ -101,11 +110,17 @@ class TasksetConfig(ConfigBase):
     max_filter_loss: float = 0.75
     ngram_common: float = 0.01
 
+    def split_mode(self) -> str:
+        """ "hash" or "shuffle": `split`, else by profile."""
+        return self.split or ("hash" if self.profile == "data" else "shuffle")
+
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {self.profile!r}")
         if not 0.0 <= self.holdout_fraction < 1.0:
             raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction}")
+        if self.split not in ("", "hash", "shuffle"):
+            raise ValueError(f"split must be 'hash', 'shuffle' or '' (by profile), got {self.split!r}")
         if self.ngram < 1:
             raise ValueError("ngram must be >= 1")
         if not 0.0 < self.max_filter_loss <= 1.0 or not 0.0 <= self.ngram_common <= 1.0:
@@ -248,7 +263,10 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
     check_filter_loss("dedup (same normalised prompt)", tasks, unique, config.max_filter_loss)
     timings["dedup"] = time.perf_counter() - t
     t = time.perf_counter()
-    train, holdout = stratified_split(unique, config.holdout_fraction, config.seed)
+    if config.split_mode() == "hash":
+        train, holdout = hash_split(unique, config.holdout_fraction, config.split_salt)
+    else:
+        train, holdout = stratified_split(unique, config.holdout_fraction, config.seed)
     common = max(10, math.ceil(config.ngram_common * len(unique))) if config.ngram_common > 0 else 0
     clean, overlap_report = overlap_filter(train, holdout, config.ngram, common_min_prompts=common)
     check_filter_loss(
@@ -265,6 +283,12 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
     report = {
         "profile": config.profile,
         "seed": config.seed,
+        # how the holdout was drawn: with "hash", the same salt and fraction give the same side to every task
+        "split": {
+            "mode": config.split_mode(),
+            "fraction": config.holdout_fraction,
+            **({"salt": config.split_salt} if config.split_mode() == "hash" else {}),
+        },
         "inputs": inputs,
         "counts": {"train": counts(train), "holdout": counts(holdout)},
         "validation": {

@@ -2,7 +2,13 @@
 
 - `stratified_split`: within every (domain, difficulty) group, a seeded shuffle puts round(fraction * size)
   tasks in the holdout: at least one when the group has two or more tasks and fraction > 0, never the whole
-  group. Holdout proportions per domain and difficulty therefore match the input's.
+  group. Holdout proportions per domain and difficulty therefore match the input's. But a task's side depends
+  on every other task of its group, so it moves when the data changes.
+- `hash_split`: a task is in the holdout when the hash of (salt, domain, normalised prompt) falls below the
+  fraction: a pure function of the task's own content, so across rebuilds with new or removed rows a task once
+  held out stays held out and a train task never enters the holdout (for a fixed salt and fraction), and
+  near-duplicates (the same normalised prompt) land on the same side. Proportions match the fraction in
+  expectation, not exactly.
 - `mix_train`: brings the train set to the configured domain ratios by subsampling the over-represented
   domains (each subsample stratified by difficulty). Domains absent from the ratios are kept whole; a ratio of
   0 drops a domain from train. When every domain's share is already within `tolerance` of its target, nothing
@@ -11,12 +17,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from training.tasksets.dedup import normalize_text
 from training.tasksets.schema import Task
 
 
@@ -45,6 +53,20 @@ def stratified_split(tasks: Sequence[Task], holdout_fraction: float, seed: int) 
         elif len(group) < 2:
             k = 0
         held.update(t.id for t in _shuffled(group, seed, "split", domain, level)[:k])
+    return [t for t in tasks if t.id not in held], [t for t in tasks if t.id in held]
+
+
+def holdout_score(task: Task, salt: str) -> float:
+    """Where a task falls in [0, 1): the first 8 bytes of sha256(salt, domain, normalised prompt)."""
+    digest = hashlib.sha256("\x1f".join((salt, task.domain, normalize_text(task.prompt))).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def hash_split(tasks: Sequence[Task], holdout_fraction: float, salt: str) -> tuple[list[Task], list[Task]]:
+    """(train, holdout), each in input order: holdout where holdout_score(task, salt) < holdout_fraction."""
+    if not 0.0 <= holdout_fraction < 1.0:
+        raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
+    held = {t.id for t in tasks if holdout_score(t, salt) < holdout_fraction}
     return [t for t in tasks if t.id not in held], [t for t in tasks if t.id in held]
 
 

@@ -102,7 +102,9 @@ def test_data_profile_and_config_errors(tmp_path, capsys) -> None:
         )
     )
     result = build(
-        TasksetConfig(profile="data", sources=[SourceSpec(str(src), adapter="gsm8k")], holdout_fraction=0.25)
+        TasksetConfig(
+            profile="data", sources=[SourceSpec(str(src), adapter="gsm8k")], holdout_fraction=0.25, split="shuffle"
+        )
     )
     assert len(result.train) == 30 and len(result.holdout) == 10
     assert result.report["inputs"] == {str(src): 40}
@@ -125,3 +127,41 @@ def test_stage_against_real_s3_and_mlflow(s3_run_uri, tmp_path) -> None:
     from mlflow.tracking import MlflowClient
 
     assert "counts.png" in {a.path for a in MlflowClient().list_artifacts(manifest.mlflow_run_id)}
+
+
+def _rows(path, ids) -> None:
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"q{i}",
+                    "domain": "math" if i % 2 else "arith",
+                    "prompt": f"Question {i}: what is {i} plus {3 * i + 7}?",
+                    "answer": str(4 * i + 7),
+                    "reference": f"{i} + {3 * i + 7} = {4 * i + 7}. The answer is {4 * i + 7}.",
+                    "verifier": "math",
+                }
+            )
+            + "\n"
+            for i in ids
+        )
+    )
+
+
+def test_the_hash_holdout_does_not_move_when_the_data_changes(tmp_path) -> None:
+    night1, night2 = tmp_path / "night1.jsonl", tmp_path / "night2.jsonl"
+    _rows(night1, range(0, 400))
+    _rows(night2, range(100, 700))  # a quarter of night 1's rows gone, 300 new ones
+    cfg = {"profile": "data", "mix": {}, "holdout_fraction": 0.2}
+    one = build(TasksetConfig(**cfg, sources=[SourceSpec(str(night1))]))
+    two = build(TasksetConfig(**cfg, sources=[SourceSpec(str(night2))]))
+    assert one.report["split"] == {"mode": "hash", "fraction": 0.2, "salt": "posttrain"}
+    held1, held2 = {t.id for t in one.holdout}, {t.id for t in two.holdout}
+    train1, train2 = {t.id for t in one.train}, {t.id for t in two.train}
+    still_there = {f"q{i}" for i in range(100, 400)}
+    assert held1 & still_there <= held2  # once held out, held out
+    assert not (train1 & held2) and not (train2 & held1)  # the champion's training tasks never enter a holdout
+    assert 0.15 < len(held2) / 600 < 0.25  # the fraction, in expectation
+    # a different salt is a different holdout
+    three = build(TasksetConfig(**cfg, split_salt="other", sources=[SourceSpec(str(night2))]))
+    assert {t.id for t in three.holdout} != held2

@@ -148,6 +148,7 @@ def test_hundred_user_domains_from_an_installed_package_reach_the_gate(tmp_path,
             "profile": "data",
             "sources": [{"path": str(data), "adapter": "tasks"}],
             "holdout_fraction": 0.2,
+            "split": "shuffle",  # exactly 6 of each domain's 30 held out, so every domain is tested alone
             "mix": {},
         },
         "sft": {"max_steps": 30, "checkpoint_every": 0},

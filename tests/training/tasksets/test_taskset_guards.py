@@ -88,6 +88,8 @@ def test_dedup_taking_a_domain_and_an_empty_holdout_fail_the_build(tmp_path) -> 
     with pytest.raises(TasksetEmptied, match=r"dedup \(same normalised prompt\) dropped 9 of 10 'math' rows"):
         build(_config(tmp_path, same))
     with pytest.raises(TasksetEmptied, match="the holdout split is empty"):
-        build(_config(tmp_path, _gsm8k_rows(1)))
+        build(_config(tmp_path, _gsm8k_rows(1), split="shuffle"))  # a group of one is never held out
+    with pytest.raises(TasksetEmptied, match="the train split is empty"):
+        build(_config(tmp_path, _gsm8k_rows(1)))  # the hash put the only task in the holdout
     # an explicit max_filter_loss=1 accepts what the data is
     assert len(build(_config(tmp_path, same, max_filter_loss=1.0, holdout_fraction=0.0)).train) == 1
