@@ -14,7 +14,6 @@ from airflow.timetables.trigger import CronTriggerTimetable
 from operators.pipeline import (
     DAG_DEFAULTS,
     MACROS,
-    MODEL_NAME,
     PARAMS,
     TASKSET_ASSET,
     TASKSETS_ROOT,
@@ -24,6 +23,9 @@ from operators.pipeline import (
 from operators.stage_operator import PosttrainStageOperator
 
 RUN_URI = "{{ params.run_root }}/{{ run_slug(run_id) }}"
+# The champion is the policy: no base model or profile to pick here. With a recipe (the `recipe` param, or
+# POSTTRAIN_RECIPE for the scheduled nights) the presets are those of the recipe's base model, never the tiny
+# profile's; without one, the tiny profile's, as for the demo.
 NIGHTLY_PARAMS = {k: v for k, v in PARAMS.items() if k not in ("base_model", "profile")}
 
 with DAG(
@@ -40,9 +42,11 @@ with DAG(
     taskset = PosttrainStageOperator(
         task_id="adopt_taskset", spec=spec("adopt", "--source", TASKSETS_ROOT, "--as", "taskset"), run_uri=RUN_URI
     )
+    # the recipe's registered model (POSTTRAIN_MODEL_NAME without one)
     champion = PosttrainStageOperator(
         task_id="adopt_champion",
-        spec=spec("adopt", "--source", f"models:/{MODEL_NAME}@champion", "--as", "sft", "--prefix", "model"),
+        spec=spec("adopt", "--as", "sft", "--prefix", "model", "--source"),
+        stage_args=["models:/{{ model_name(params) }}@champion"],
         run_uri=RUN_URI,
     )
     chain([taskset, champion], rounds_through_promotion(RUN_URI))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param
 
-from operators.pipeline import DAG_DEFAULTS, TASKSET_ASSET, TASKSETS_ROOT, run_slug, spec, stage_config
+from operators.pipeline import DAG_DEFAULTS, PARAMS, TASKSET_ASSET, TASKSETS_ROOT, run_slug, spec, stage_config
 from operators.stage_operator import PosttrainStageOperator
 
 BUILD_URI = TASKSETS_ROOT + "/{{ run_slug(run_id) }}"
@@ -16,7 +16,13 @@ with DAG(
     dag_id="taskset_refresh",
     description="Rebuild the verifiable task set and publish it as the newest one",
     schedule="@weekly",
-    params={"profile": Param("tiny", enum=["tiny", "data"]), "seed": Param(0, type="integer")},
+    # A recipe (or POSTTRAIN_RECIPE, for the weekly runs) names the sources; without one the tiny profile's
+    # synthetic set is rebuilt, as for the demo.
+    params={
+        "recipe": PARAMS["recipe"],
+        "profile": Param("tiny", enum=["tiny", "data"]),
+        "seed": Param(0, type="integer"),
+    },
     user_defined_macros={"run_slug": run_slug, "stage_config": stage_config},
     **DAG_DEFAULTS,
 ) as dag:

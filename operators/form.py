@@ -79,6 +79,18 @@ def build_params(max_rounds: int = MAX_ROUNDS) -> dict[str, Param]:
     """The form's fields, in the order the form shows them (each section in its first field's place)."""
     return {
         # ----- data ------------------------------------------------------------------------------------------
+        "recipe": Param(
+            # scheduled runs have no form: POSTTRAIN_RECIPE is the model line they train
+            os.environ.get("POSTTRAIN_RECIPE") or None,
+            type=["null", "string"],
+            maxLength=500,
+            pattern=r"^\S*$",
+            title="Recipe",
+            section=SECTION_DATA,
+            description_md="A recipe of your model line (a name in the recipes folder, or a path; "
+            "`training/recipes.py`): model, base model, data per domain, rounds and per-stage settings. When set "
+            "it decides what is trained, and the fields below only add per-stage overrides. Empty: the fields.",
+        ),
         "profile": Param(
             "tiny",
             type="string",

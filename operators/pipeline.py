@@ -17,7 +17,8 @@ from airflow.sdk import Asset, BaseBranchOperator
 from operators.form import DEFAULT_RUN_ROOT, MAX_ROUNDS, PARAMS
 from operators.queues import QUEUES
 from operators.spec import StageSpec
-from training.profiles import apply_preset, deep_merge
+from training import recipes, run_config
+from training.profiles import deep_merge
 
 __all__ = ["DEFAULT_RUN_ROOT", "MAX_ROUNDS", "PARAMS"]  # the form lives in operators/form.py
 TASKSETS_ROOT = os.environ.get("POSTTRAIN_TASKSETS_ROOT", "s3://posttrain/tasksets")
@@ -49,45 +50,34 @@ def run_slug(run_id: str) -> str:
 
 
 def stage_config(stage: str, params: dict[str, Any]) -> str:
-    """The inline JSON config of one stage from the trigger form's params (unset knobs are left out)."""
-    seed = int(params.get("seed") or 0)
-    if stage == "taskset":
-        picked = {"profile": params.get("profile"), "mix": params.get("mix")}
-    elif stage == "sft":
-        picked = {"base_model": params.get("base_model") or None}
-    elif stage.startswith("rl_round"):
-        picked = {
-            "samples_per_prompt": params.get("k"),
-            "lr": params.get("learning_rate"),
-            "beta": params.get("kl_coef"),
-            "domain_weights": params.get("mix"),
-            "advantage": params.get("advantage"),
-            "loss_agg": params.get("loss_agg"),
-            "rollout_engine": params.get("rollout_engine"),
-        }
-    elif stage == "gate":
-        picked = {
-            "metrics": params.get("gate_metrics"),
-            "noninferiority_margin": params.get("noninferiority_margin"),
-            "max_kl": params.get("max_kl"),
-            "min_entropy_ratio": params.get("min_entropy_ratio"),
-        }
-    else:
-        picked = {}
-    chosen = {k: v for k, v in picked.items() if v is not None}
-    cfg = (
-        {"seed": seed, **chosen} if stage in ("taskset", "sft", "evaluate") or stage.startswith("rl_round") else chosen
-    )
-    # A named base model gets the pretrained-model preset of its size; otherwise the profile's (tiny).
-    cfg = apply_preset(
-        stage, cfg, params.get("base_model") or "", params.get("profile") or "tiny", params.get("preset_tier") or ""
-    )
-    overrides = params.get("stage_overrides") or {}
-    # nested keys merge: {"lora": {"r": 8}} keeps the preset's lora.enabled, as the CLI's --set lora.r=8 does
-    if stage.startswith("rl_round"):
-        cfg = deep_merge(cfg, overrides.get("rl_round") or {})
-    cfg = deep_merge(cfg, overrides.get(stage) or {})
-    return json.dumps(cfg, sort_keys=True)
+    """The inline JSON config of one stage from the DAG run's params: a named recipe's parameters
+    (training/recipes.py) when `params.recipe` is set, else the trigger form's; built by
+    training/run_config.py, as the CLI builds it."""
+    return json.dumps(run_config.stage_config(stage, run_params(params)), sort_keys=True)
+
+
+def run_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters stage configs are built from. With a recipe, the recipe decides what to train (model,
+    data, presets, rounds) and the form only adds its per-stage overrides on top; the run's controls
+    (run_root, approval) stay the form's."""
+    name = params.get("recipe")
+    if not name:
+        return params
+    from_recipe = recipes.recipe_params(recipes.load_recipe(name))
+    extra = params.get("stage_overrides") or {}
+    merged = {k: deep_merge(from_recipe["stage_overrides"].get(k, {}), v) for k, v in extra.items()}
+    controls = {k: v for k, v in params.items() if k not in run_config.STAGE_KNOBS}
+    return {**controls, **from_recipe, "stage_overrides": {**from_recipe["stage_overrides"], **merged}}
+
+
+def model_name(params: dict[str, Any]) -> str:
+    """The registered model a run trains: its recipe's, else POSTTRAIN_MODEL_NAME."""
+    return str(run_params(params).get("model_name") or MODEL_NAME)
+
+
+def rounds(params: dict[str, Any]) -> int:
+    """How many RL rounds the run has: its recipe's, else the form's."""
+    return int(run_params(params).get("rounds") or 0)
 
 
 def promote_config(params: dict[str, Any], approval: dict[str, Any] | None) -> str:
@@ -102,7 +92,13 @@ def promote_config(params: dict[str, Any], approval: dict[str, Any] | None) -> s
 
 
 # The Jinja macros every training DAG's templates use.
-MACROS: dict[str, Any] = {"run_slug": run_slug, "stage_config": stage_config, "promote_config": promote_config}
+MACROS: dict[str, Any] = {
+    "run_slug": run_slug,
+    "stage_config": stage_config,
+    "promote_config": promote_config,
+    "model_name": model_name,
+    "rounds": rounds,
+}
 
 
 # Processes per node for the stages that train (sft, rl-round): > 1 runs them under torchrun (DDP/FSDP).
@@ -179,7 +175,7 @@ def rounds_through_promotion(run_uri: str) -> Any:
             spec=spec("rl-round", "--round", str(n), gpus=1),
             run_uri=run_uri,
             config=f"{{{{ stage_config('rl_round_{n}', params) }}}}",
-            enabled=f"{{{{ params.rounds >= {n} }}}}",
+            enabled=f"{{{{ rounds(params) >= {n} }}}}",
             pool="gpu",
         )
         for n in range(1, MAX_ROUNDS + 1)

@@ -26,6 +26,8 @@ RANKS = {
     "training.profiles": 0,
     "training.entry_points": 0,
     "training.model_size": 0,
+    "training.recipes": 0,
+    "training.run_config": 0,
     "training.rewards": 1,
     "training.tasksets": 2,
     "training.modeling": 3,

@@ -13,8 +13,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from training import run_config
 from training.config import ConfigError, apply_overrides, from_dict, read_source
-from training.profiles import NoPreset, apply_preset
+from training.profiles import NoPreset, apply_preset, deep_merge
+from training.recipes import load_recipe, recipe_params
 from training.stage import run_stage
 from training.storage import StorageError, join, read_manifest
 from training.tracking import TrackingUnavailable
@@ -97,6 +99,13 @@ def stage_parser(prog: str, description: str, config_cls: type | None = None) ->
         help="override one config key (dotted for nested), repeatable",
     )
     parser.add_argument(
+        "--recipe",
+        default=None,
+        metavar="RECIPE",
+        help="a recipe file or name (training/recipes.py): the stage's config as the DAGs build it from the "
+        "recipe, under --config and --set",
+    )
+    parser.add_argument(
         "--preset-tier",
         default="",
         metavar="TIER",
@@ -119,6 +128,17 @@ def cli_base_model(stage: str, data: dict[str, Any], run_uri: str) -> str:
         manifest = read_manifest(join(run_uri, "sft"))
         return str((manifest.config if manifest else {}).get("base_model") or "")
     return ""
+
+
+def resolve_config(stage: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The config mapping a stage run from the shell gets: with --recipe, the recipe's stage config exactly as
+    the DAGs build it (training/run_config.py) under --config and --set; else --config and --set over the
+    base model's preset (training/profiles.py: apply_preset, the DAGs' function), unless --no-preset."""
+    given = apply_overrides(read_source(args.config), args.set)
+    if getattr(args, "recipe", None):
+        return deep_merge(run_config.stage_config(stage, recipe_params(load_recipe(args.recipe))), given)
+    base_model = "" if args.no_preset else cli_base_model(stage, given, args.run)
+    return apply_preset(stage, given, base_model, "", args.preset_tier)
 
 
 def run_cli(fn: Callable[[], Any], user_errors: tuple[type[BaseException], ...] = ()) -> int:
@@ -165,10 +185,7 @@ def stage_cli(
         raise TypeError("stage_cli needs a body, or bind")
 
     def go() -> int:
-        data = apply_overrides(read_source(args.config), args.set)
-        base_model = "" if args.no_preset else cli_base_model(name, data, args.run)
-        # the same presets as the DAGs (training/profiles.py: apply_preset), under what was given here
-        data = apply_preset(name, data, base_model, "", args.preset_tier)
+        data = resolve_config(name, args)
         inline = bool(args.config) and str(args.config).lstrip().startswith("{")
         where = "inline --config JSON" if inline else str(args.config or "config")
         run_stage(name, from_dict(config_cls, data, where), args.run, run_body)

@@ -11,10 +11,12 @@ COPY --chown=airflow:root plugins /opt/posttrain/plugins
 # from exactly these files with torch blocked, so a missing one fails there rather than in the dag-processor.
 COPY --chown=airflow:root training/__init__.py training/stage.py training/storage.py training/storage_backends.py \
      training/tracking.py training/config.py training/profiles.py training/model_size.py training/lease.py \
+     training/recipes.py training/run_config.py \
      /opt/posttrain/training/
 COPY --chown=airflow:root training/rollout/__init__.py training/rollout/base.py /opt/posttrain/training/rollout/
 COPY --chown=airflow:root training/evaluation/__init__.py training/evaluation/gate_config.py \
      /opt/posttrain/training/evaluation/
+COPY --chown=airflow:root recipes /opt/posttrain/recipes
 COPY --chown=airflow:root dags /opt/airflow/dags
 # Operators import the stage-result protocol from training/ (stdlib at import time) but nothing heavier.
 RUN pip install --no-cache-dir "apache-airflow==3.3.2" apache-airflow-providers-docker apache-airflow-providers-amazon \

@@ -12,6 +12,4 @@ def test_a_section_is_replaced_in_place_and_a_new_one_appended(tmp_path: Path) -
     path.write_text("# Measured results\n\n## A\n\nold a\n\n## B\n\nkept b\n")
     record("A", "new a\nsecond line", path)
     record("C", "c", path)
-    assert path.read_text() == (
-        "# Measured results\n\n## A\n\nnew a\nsecond line\n\n## B\n\nkept b\n\n## C\n\nc\n"
-    )
+    assert path.read_text() == ("# Measured results\n\n## A\n\nnew a\nsecond line\n\n## B\n\nkept b\n\n## C\n\nc\n")

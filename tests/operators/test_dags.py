@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jinja2
 import pytest
 
-from operators.pipeline import MAX_ROUNDS, run_slug, stage_config
+from operators.pipeline import MAX_ROUNDS, model_name, run_slug, stage_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +46,11 @@ def test_nightly_and_refresh_wiring(dagbag) -> None:
     nightly = dagbag.dags["nightly_retraining"]
     assert "0 2 * * *" in nightly.timetable.summary and "Asset" in nightly.timetable.summary
     assert set(nightly.get_task("rl_round_1").upstream_task_ids) == {"adopt_taskset", "adopt_champion"}
-    assert "models:/posttrain-tiny@champion" in nightly.get_task("adopt_champion").spec.args
+    champion = nightly.get_task("adopt_champion")
+    assert champion.spec.args[-1] == "--source"
+    assert jinja2.Template(champion.stage_args[0]).render(model_name=model_name, params={}) == (
+        "models:/posttrain-tiny@champion"  # POSTTRAIN_MODEL_NAME without a recipe; a recipe's own with one
+    )
     refresh = dagbag.dags["taskset_refresh"]
     assert [o.uri for o in refresh.get_task("publish").outlets] == [TASKSET_ASSET.uri]
 
