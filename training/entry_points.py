@@ -53,7 +53,7 @@ def load_verifiers(register: Callable[[Any], Any], verifier_type: type) -> list[
         if inspect.isclass(obj) and issubclass(obj, verifier_type):
             obj = obj()
         if isinstance(obj, verifier_type):
-            if not obj.name:
+            if not getattr(obj, "name", ""):
                 raise EntryPointError(f"{_origin(ep)}: {type(obj).__name__} has no `name`")
             register(obj)
         elif not isinstance(obj, ModuleType):

@@ -127,10 +127,10 @@ def regression_checks(
             n = cand.total if cand else 0
             group = group_of.get(domain)
             if cand is not None and ref is not None and ref.total and group:
-                members = pooled.setdefault(group, ([], [], []))
-                members[0].append(cand)
-                members[1].append(ref)
-                members[2].append(domain)
+                slot = pooled.setdefault(group, ([], [], []))
+                slot[0].append(cand)
+                slot[1].append(ref)
+                slot[2].append(domain)
             if metric == "pass1":
                 blocks = cfg.strict_min_samples
                 where = f"pooled into group {group!r}" if group else "no group to pool it into"
