@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from training import run_config
-from training.config import ConfigError, apply_overrides, from_dict, read_source
+from training.config import ConfigError, apply_overrides, from_dict, read_source, source_label
 from training.profiles import NoPreset, apply_preset, deep_merge
 from training.recipes import load_recipe, recipe_params
 from training.stage import run_stage
@@ -186,9 +186,7 @@ def stage_cli(
 
     def go() -> int:
         data = resolve_config(name, args)
-        inline = bool(args.config) and str(args.config).lstrip().startswith("{")
-        where = "inline --config JSON" if inline else str(args.config or "config")
-        run_stage(name, from_dict(config_cls, data, where), args.run, run_body)
+        run_stage(name, from_dict(config_cls, data, source_label(args.config)), args.run, run_body)
         return 0
 
     return run_cli(go, user_errors)

@@ -150,7 +150,11 @@ def from_dict(cls: type[C], data: Mapping[str, Any], where: str = "config") -> C
         raise ConfigError(f"{where}: {err}") from err
 
 
+def source_label(source: str | Path | None) -> str:
+    """How errors name a config source: the file, "inline --config JSON", or "config" for none."""
+    return "inline --config JSON" if source and str(source).lstrip().startswith("{") else str(source or "config")
+
+
 def load_config(cls: type[C], source: str | Path | None = None, overrides: list[str] | None = None) -> C:
     data = apply_overrides(read_source(source), overrides or [])
-    where = "inline --config JSON" if source and str(source).lstrip().startswith("{") else str(source or "config")
-    return from_dict(cls, data, where)
+    return from_dict(cls, data, source_label(source))

@@ -32,6 +32,22 @@ class EntryPointError(RuntimeError):
     """An installed package's entry point could not be loaded or is not what its group expects."""
 
 
+_LOADED: dict[str, list[str]] = {}
+
+
+def load_once(group: str, load: Callable[[], list[str]]) -> list[str]:
+    """`load()` the first time a group is asked for, its entry point names remembered after. A load that
+    raises is not remembered, so the next lookup raises again instead of going on without the package."""
+    if group not in _LOADED:
+        _LOADED[group] = []  # a plugin that looks a verifier up while it loads does not recurse
+        try:
+            _LOADED[group] = load()
+        except BaseException:
+            del _LOADED[group]
+            raise
+    return list(_LOADED[group])
+
+
 def _origin(ep: EntryPoint) -> str:
     dist = getattr(ep, "dist", None)
     package = f" (package {dist.name} {dist.version})" if dist is not None else ""

@@ -77,3 +77,27 @@ def test_the_environment_comes_from_the_verifier_unless_the_config_names_one() -
     assert environment_name(_task("math", "math"), {}) is None
     assert environment_name(_task("math", "math"), {"math": "calculator"}) == "calculator"
     assert environment_name(_task("code", "code"), {"code": ""}) is None  # "" turns it off
+
+
+def test_a_group_loads_once_and_a_failed_load_is_not_remembered() -> None:
+    from training.entry_points import _LOADED, load_once
+
+    calls: list[int] = []
+
+    def broken() -> list[str]:
+        calls.append(1)
+        raise EntryPointError("entry point x: failed to load")
+
+    def fine() -> list[str]:
+        calls.append(2)
+        return ["x"]
+
+    try:
+        with pytest.raises(EntryPointError):
+            load_once("test.group", broken)
+        with pytest.raises(EntryPointError):  # still broken: raised again, not skipped silently
+            load_once("test.group", broken)
+        assert load_once("test.group", fine) == ["x"] and load_once("test.group", fine) == ["x"]
+        assert calls == [1, 1, 2]  # loaded once it worked
+    finally:
+        _LOADED.pop("test.group", None)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from training.entry_points import load_environments
+from training.entry_points import ENVIRONMENT_GROUP, load_environments, load_once
 from training.rewards import find_verifier
 from training.tasksets.schema import Task
 
@@ -55,17 +55,10 @@ def register_environment(name: str) -> Callable[[Callable[..., Environment]], Ca
     return add
 
 
-_PLUGINS: list[str] | None = None
-
-
 def load_plugins() -> list[str]:
     """Register the environments other packages declare (`posttrain.environments` entry points), once, on the
     first lookup (as training.rewards does for verifiers); returns their entry point names."""
-    global _PLUGINS
-    if _PLUGINS is None:
-        _PLUGINS = []
-        _PLUGINS = load_environments(ENVIRONMENTS)
-    return list(_PLUGINS)
+    return load_once(ENVIRONMENT_GROUP, lambda: load_environments(ENVIRONMENTS))
 
 
 def environment_names() -> list[str]:

@@ -16,7 +16,7 @@ from training.evaluation.gate_stats import adjust, diff_interval, inferiority_p,
 def compare_counts(cand: Counts, ref: Counts, confidence: float = 0.95) -> dict[str, float]:
     """The numbers of one candidate-vs-reference comparison: rates, the drop, its interval and the one-sided
     p-value of "the candidate is not worse", paired on the shared task ids when both kept outcomes."""
-    shared = sorted(set(cand.outcomes) & set(ref.outcomes)) if cand.outcomes and ref.outcomes else []
+    shared = set(cand.outcomes) & set(ref.outcomes) if cand.outcomes and ref.outcomes else set()
     if shared:
         table = {(a, b): 0 for a in (True, False) for b in (True, False)}
         for task in shared:

@@ -218,6 +218,7 @@ def evaluate_model(
             for i in idx
             if isinstance(tasks[i].metadata, dict) and tasks[i].metadata.get("group")
         }
+        formatted = [format_ok(tasks[i], greedy[i]) for i in idx]
         report[domain] = {
             "pass1": {"passed": sum(passed[i] for i in idx), "total": len(idx)},
             # per task, in one order, so the gate can pair this model with another on the same task ids
@@ -225,7 +226,7 @@ def evaluate_model(
                 "ids": [tasks[i].id for i in idx],
                 "pass1": [int(passed[i]) for i in idx],
                 "pass1_strict": [int(passed_strict[i]) for i in idx],
-                "format": [int(format_ok(tasks[i], greedy[i])) for i in idx],
+                "format": [int(ok) for ok in formatted],
             },
             **({"group": group.pop()} if len(group) == 1 else {}),
             "dropped_over_length": dropped.get(domain, 0),
@@ -233,8 +234,8 @@ def evaluate_model(
             "pass1_strict": {"passed": sum(passed_strict[i] for i in idx), "total": len(idx)},
             "pass_at_k": {str(k): mean_pass_at_k([(cfg.n_samples, correct[i]) for i in idx], k) for k in ks},
             "by_difficulty": dict(sorted(by_diff.items())),
-            "format_rate": sum(format_ok(tasks[i], greedy[i]) for i in idx) / len(idx),
-            "format": {"passed": sum(format_ok(tasks[i], greedy[i]) for i in idx), "total": len(idx)},
+            "format_rate": sum(formatted) / len(idx),
+            "format": {"passed": sum(formatted), "total": len(idx)},
             "failure_modes": {
                 "capability": sum(1 for i in failures if correct[i] == 0),
                 "instability": sum(1 for i in failures if correct[i] > 0),

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from training.entry_points import load_verifiers
+from training.entry_points import VERIFIER_GROUP, load_once, load_verifiers
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -125,18 +125,11 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     return deco
 
 
-_PLUGINS: list[str] | None = None
-
-
 def load_plugins() -> list[str]:
     """Register the verifiers other packages declare (`posttrain.verifiers` entry points), once; returns their
     entry point names. Called on the first lookup rather than on import: a user's module may itself import
     training.rewards or training.environments, which must be whole by then."""
-    global _PLUGINS
-    if _PLUGINS is None:
-        _PLUGINS = []  # set first: a plugin that looks a verifier up while loading does not recurse
-        _PLUGINS = load_verifiers(register_verifier, Verifier)
-    return list(_PLUGINS)
+    return load_once(VERIFIER_GROUP, lambda: load_verifiers(register_verifier, Verifier))
 
 
 def find_verifier(name: str) -> Verifier | None:

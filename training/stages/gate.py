@@ -57,12 +57,12 @@ def render_verdict_markdown(verdict: dict[str, Any]) -> str:
     """verdict.md: the decision, then every rule's decision with its numbers."""
     lines = [f"# Gate: {verdict['decision'].upper()} ({verdict.get('candidate_stage')})", ""]
     lines += [f"- {r}" for r in verdict["reasons"]]
-    pairing = verdict.get("paired", {})
-    if pairing:
+    paired = verdict.get("paired", {})
+    if paired:
         lines += [""] + [
             f"Paired with {name}: {p['shared']} of the candidate's {p['candidate']} holdout tasks answered by both "
             f"({p['reference']} evaluated for {name})."
-            for name, p in sorted(pairing.items())
+            for name, p in sorted(paired.items())
         ]
     family = verdict.get("family", {})
     if family:
