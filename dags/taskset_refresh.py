@@ -1,4 +1,9 @@
-"""taskset_refresh: build a fresh task set, move the shared `latest` pointer, announce it as an Asset.
+"""taskset_refresh: import new production feedback, build a fresh task set, move the shared `latest` pointer,
+announce it as an Asset.
+
+With a recipe that has a `feedback` section, `import_feedback` first stores every new file of its inbox as a
+batch (`posttrain feedback import`; a file imported before is found and not written again), and the task set
+reads all of the model line's batches. Without one the import is skipped.
 
 The Asset event triggers `nightly_retraining` (which also runs on its own cron).
 """
@@ -7,7 +12,16 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param
 
-from operators.pipeline import DAG_DEFAULTS, PARAMS, TASKSET_ASSET, TASKSETS_ROOT, run_slug, spec, stage_config
+from operators.pipeline import (
+    DAG_DEFAULTS,
+    PARAMS,
+    TASKSET_ASSET,
+    TASKSETS_ROOT,
+    feedback,
+    run_slug,
+    spec,
+    stage_config,
+)
 from operators.stage_operator import PosttrainStageOperator
 
 BUILD_URI = TASKSETS_ROOT + "/{{ run_slug(run_id) }}"
@@ -23,14 +37,28 @@ with DAG(
         "profile": Param("tiny", enum=["tiny", "data"]),
         "seed": Param(0, type="integer"),
     },
-    user_defined_macros={"run_slug": run_slug, "stage_config": stage_config},
+    user_defined_macros={"run_slug": run_slug, "stage_config": stage_config, "feedback": feedback},
     **DAG_DEFAULTS,
 ) as dag:
+    imported = PosttrainStageOperator(
+        task_id="import_feedback",
+        spec=spec("feedback", "import"),
+        stage_args=[
+            "{{ feedback(params).inbox }}",
+            "--to",
+            "{{ feedback(params).root }}",
+            "--domain={{ feedback(params).domain }}",
+            "--verifier={{ feedback(params).verifier }}",
+        ],
+        run_uri="",
+        enabled="{{ feedback(params).inbox }}",
+    )
     build = PosttrainStageOperator(
         task_id="build_taskset",
         spec=spec("build-taskset"),
         run_uri=BUILD_URI,
         config="{{ stage_config('taskset', params) }}",
+        trigger_rule="none_failed",  # a skipped import (no feedback configured) still builds
     )
     publish = PosttrainStageOperator(
         task_id="publish",
@@ -39,4 +67,4 @@ with DAG(
         run_uri="",
         outlets=[TASKSET_ASSET],
     )
-    build >> publish
+    imported >> build >> publish

@@ -80,6 +80,13 @@ def rounds(params: dict[str, Any]) -> int:
     return int(run_params(params).get("rounds") or 0)
 
 
+def feedback(params: dict[str, Any]) -> dict[str, str]:
+    """The run's feedback inbox, batch root, default domain and verifier (its recipe's `feedback`); all ""
+    without one, which skips taskset_refresh's import."""
+    found = run_params(params).get("feedback") or {}
+    return {k: str(found.get(k) or "") for k in ("inbox", "root", "domain", "verifier")}
+
+
 def promote_config(params: dict[str, Any], approval: dict[str, Any] | None) -> str:
     """The promote stage's config: the form's, plus who approved the candidate and when (as version tags)."""
     from operators.approval import approval_tags
@@ -98,6 +105,7 @@ MACROS: dict[str, Any] = {
     "promote_config": promote_config,
     "model_name": model_name,
     "rounds": rounds,
+    "feedback": feedback,
 }
 
 

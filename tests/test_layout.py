@@ -38,6 +38,7 @@ RANKS = {
     "training.cli": 6,
     "training.cli_storage": 6,
     "training.score_cli": 6,
+    "training.feedback_cli": 6,
     "training.evaluation": 7,
     "training.rl": 8,
     "training.stages": 9,

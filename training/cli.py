@@ -46,6 +46,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "training.tasksets.check:cli",
         "task-set tools: `taskset check FILE [--quarantine OUT]` validates task files",
     ),
+    "feedback": (
+        "training.feedback_cli:cli",
+        "production feedback in: `feedback import FILE... --to ROOT` validates and stores batches",
+    ),
     "score": (
         "training.score_cli:cli",
         "score completions from any model against a task set: `score --tasks F --completions F [--json]`",

@@ -17,8 +17,16 @@ per-stage override (`stages`):
         weight: 0.3
         group: programming
         sources: [{path: /data/mbpp.jsonl, adapter: mbpp}]
+    feedback:
+      inbox: s3://posttrain/feedback-inbox/support-bot
+      domain: support
     stages:
       rl_round: {steps: 50}
+
+`feedback` (optional) is where production feedback arrives: `taskset_refresh` imports every new file in
+`inbox` (`posttrain feedback import`, training/tasksets/feedback.py) as a batch under `root` (default
+`$POSTTRAIN_FEEDBACK_ROOT/<model_name>`, `s3://posttrain/feedback/<model_name>`), and the task set reads every
+batch there: records with an answer or tests become tasks of their domain, rated ones the `field` slice.
 
 Where recipes live: files in a recipes folder (`POSTTRAIN_RECIPES_DIR`, default `recipes/` beside training/;
 `/opt/posttrain/recipes` in the images). A file, not an Airflow Variable or an S3 object, because a change to
@@ -63,6 +71,24 @@ class RecipeDomain(ConfigBase):
             raise ValueError(f"weight must be >= 0, got {self.weight}")
 
 
+FEEDBACK_ROOT = os.environ.get("POSTTRAIN_FEEDBACK_ROOT", "s3://posttrain/feedback")
+
+
+@dataclass(frozen=True)
+class RecipeFeedback(ConfigBase):
+    """Where a model line's production feedback arrives (`inbox`: a folder or prefix of JSONL files) and is kept
+    (`root`: its batches), and the domain / verifier of records that name none."""
+
+    inbox: str = ""
+    root: str = ""
+    domain: str = ""
+    verifier: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.inbox:
+            raise ValueError("inbox: where the feedback files arrive (a folder or an s3:// prefix)")
+
+
 @dataclass(frozen=True)
 class Recipe(ConfigBase):
     model_name: str = ""
@@ -74,6 +100,7 @@ class Recipe(ConfigBase):
     split_salt: str = "posttrain"
     domains: dict[str, dict[str, Any]] = field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    feedback: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -109,7 +136,18 @@ def load_recipe(name: str) -> Recipe:
         if not isinstance(spec, dict):
             raise ConfigError(f"{where}: domains.{domain}: expected a mapping, got {type(spec).__name__}")
         from_dict(RecipeDomain, spec, f"{where}: domains.{domain}")
+    if recipe.feedback:
+        from_dict(RecipeFeedback, recipe.feedback, f"{where}: feedback")
     return recipe
+
+
+def feedback_params(recipe: Recipe) -> dict[str, str]:
+    """The recipe's feedback settings with the root filled in; {} without a `feedback` section."""
+    if not recipe.feedback:
+        return {}
+    fb = RecipeFeedback(**recipe.feedback)
+    root = fb.root or f"{FEEDBACK_ROOT.rstrip('/')}/{recipe.model_name}"
+    return {"inbox": fb.inbox, "root": root, "domain": fb.domain, "verifier": fb.verifier}
 
 
 def recipe_params(recipe: Recipe) -> dict[str, Any]:
@@ -126,6 +164,9 @@ def recipe_params(recipe: Recipe) -> dict[str, Any]:
         "split": "hash",
         "split_salt": recipe.split_salt,
     }
+    feedback = feedback_params(recipe)
+    if feedback:
+        taskset["feedback"] = [feedback["root"]]
     weights = {name: d.reward_weights for name, d in domains.items() if d.reward_weights}
     if weights:
         taskset["reward_weights"] = weights
@@ -142,4 +183,5 @@ def recipe_params(recipe: Recipe) -> dict[str, Any]:
         "seed": recipe.seed,
         "mix": {name: d.weight for name, d in domains.items()},
         "stage_overrides": overrides,
+        **({"feedback": feedback} if feedback else {}),
     }

@@ -53,6 +53,10 @@ def test_nightly_and_refresh_wiring(dagbag) -> None:
     )
     refresh = dagbag.dags["taskset_refresh"]
     assert [o.uri for o in refresh.get_task("publish").outlets] == [TASKSET_ASSET.uri]
+    # feedback is imported before the build, and a skipped import (no feedback configured) still builds
+    assert refresh.get_task("build_taskset").upstream_task_ids == {"import_feedback"}
+    assert refresh.get_task("build_taskset").trigger_rule == "none_failed"
+    assert refresh.get_task("import_feedback").spec.argv("", None)[:3] == ["posttrain", "feedback", "import"]
 
 
 def test_stage_configs_from_params() -> None:

@@ -71,6 +71,8 @@ def test_a_recipe_gives_the_run_parameters(tmp_path: Path) -> None:
         ({"domains": {"math": {"weight": 1}}}, "domains.math: sources: a domain needs at least one source"),
         ({"domains": {"math": {"sources": [{"adapter": "gsm8k"}]}}}, "domains.math: sources[0]: a source is"),
         ({"domains": {"math": {"sources": [{"path": "x"}], "wieght": 2}}}, "domains.math: unknown key(s) wieght"),
+        ({"feedback": {"domain": "math"}}, "feedback: inbox: where the feedback files arrive"),
+        ({"feedback": {"inbox": "/in", "rooot": "s3://x"}}, "feedback: unknown key(s) rooot"),
     ],
 )
 def test_a_bad_recipe_names_the_file_and_the_key(tmp_path: Path, changes, words) -> None:
@@ -120,3 +122,19 @@ def test_nightly_and_refresh_take_the_recipe(tmp_path: Path) -> None:
     taskset = json.loads(stage_config("taskset", params))
     assert taskset["profile"] == "data" and len(taskset["sources"]) == 2
     assert model_name({}) == "posttrain-tiny" and rounds({"rounds": 3}) == 3  # without a recipe, as before
+
+
+def test_a_recipe_with_feedback_imports_its_inbox_and_builds_from_its_batches(tmp_path: Path) -> None:
+    from operators.pipeline import feedback, stage_config
+
+    params = {"recipe": str(write_recipe(tmp_path, feedback={"inbox": "s3://inbox/support", "domain": "math"}))}
+    fb = feedback(params)
+    assert fb == {"inbox": "s3://inbox/support", "root": "s3://posttrain/feedback/support-bot", "domain": "math",
+                  "verifier": ""}  # fmt: skip
+    assert json.loads(stage_config("taskset", params))["feedback"] == [fb["root"]]
+    pinned = {"recipe": str(write_recipe(tmp_path, feedback={"inbox": "/in", "root": "file:///fb"}))}
+    assert feedback(pinned)["root"] == "file:///fb"
+    # without a feedback section the import is skipped (its `enabled` renders "") and the task set reads none
+    plain = {"recipe": str(write_recipe(tmp_path))}
+    assert feedback(plain)["inbox"] == "" and "feedback" not in json.loads(stage_config("taskset", plain))
+    assert feedback({})["inbox"] == ""

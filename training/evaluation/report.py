@@ -8,6 +8,8 @@ import base64
 from pathlib import Path
 from typing import Any
 
+from training.evaluation.field import field_lines
+
 
 def render_markdown(report: dict[str, Any]) -> str:
     models = report["models"]
@@ -65,6 +67,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         levels = ", ".join(f"L{k}: {v['passed']}/{v['total']}" for k, v in cand[d]["by_difficulty"].items())
         lines.append(f"- **{d}**: {levels}")
     lines += _sweep_lines(models, domains) + _failure_lines(cand, domains) + _tail_lines(models["candidate"])
+    if report.get("field"):
+        lines += field_lines(report["field"])
     lines += ["", "![pass@1 per domain](plots/pass1_by_domain.png)"]
     if any(len(cand[d].get("long_context_sweep", [])) > 1 for d in domains):
         lines += ["", "![long-context sweep](plots/long_context_sweep.png)"]

@@ -9,17 +9,23 @@ Output under <run>/taskset/ (committed by run_stage, manifest last):
     holdout.parquet   held-out tasks for evaluation (per domain, stratified by difficulty)
     report.json       counts per split/domain/difficulty, validation/quarantine, dedup and n-gram overlap reports
     quarantine.jsonl  bad source rows, only with `quarantine: true` and only when there were some
+    field.parquet     the feedback `field` slice's verifiable tasks (domain "field"), when there are some
+    field.jsonl       every rated feedback record without a reference (the production failure rate's data)
 
 Pipeline (`build`): generate (tiny) -> load sources -> validate every row (bad rows fail the stage with
 file:row: field errors, exit 2, or go to quarantine) -> dedup by normalised prompt -> stratified split ->
 drop train tasks sharing an n-gram with the holdout (n-grams common across the corpus ignored) -> mix train
 domains. A domain losing more than `max_filter_loss` of its rows to dedup or decontamination, or an empty
-split, fails the stage (exit 2) with the filter and the counts. MLflow gets the counts as metrics,
+split, fails the stage (exit 2) with the filter and the counts. Feedback batches (`feedback`, stored by
+`posttrain feedback import`) add their records with an answer or tests as tasks of their domain, through the
+same dedup, split and decontamination, and their rated records without one as the `field` slice, which train
+tasks are decontaminated against like the holdout. MLflow gets the counts as metrics,
 report.json, a sample table (`samples.json`) and a bar chart of counts (`counts.png`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -31,7 +37,9 @@ from training.cli import stage_cli
 from training.config import ConfigBase
 from training.rewards import verifier_names
 from training.stage import StageContext
-from training.tasksets.dedup import dedup, overlap_filter
+from training.tasksets.dedup import dedup, normalize_text, overlap_filter
+from training.tasksets.feedback import FeedbackRecord, failure_rate
+from training.tasksets.feedback_store import read_batches
 from training.tasksets.generators import DOMAIN_VERIFIER, generate
 from training.tasksets.io import save_tasks
 from training.tasksets.loaders import load_source, source_label
@@ -86,6 +94,9 @@ class TasksetConfig(ConfigBase):
                       fails the stage, naming the filter and the counts; so does a split left empty. 1 = never.
     ngram_common:     decontamination ignores n-grams found in at least this share of all prompts (and in at
                       least 10): shared instructions and templates are not contamination.
+    feedback:         feedback batches (`posttrain feedback import`): URIs of batch folders or of roots whose
+                      complete batches are all read (a record in two batches counts once). Their tasks join
+                      the sources; their rated records without a reference become the `field` slice.
     reward_weights:   per domain, the verifiers its reward combines and their weights, e.g.
                       {"math": {"math": 0.9, "format": 0.1}}; stamped on each task as metadata.reward_weights
                       (a task that already names its own keeps them). Empty: each task's verifier alone.
@@ -104,6 +115,7 @@ class TasksetConfig(ConfigBase):
     split_salt: str = "posttrain"
     ngram: int = 13
     sources: list[SourceSpec] = field(default_factory=list)
+    feedback: list[str] = field(default_factory=list)
     quarantine: bool = False
     sample_rows: int = 20
     reward_weights: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -133,8 +145,8 @@ class TasksetConfig(ConfigBase):
         }.items():
             if not levels or any(not 1 <= d <= 5 for d in levels):
                 raise ValueError(f"{name} must be levels 1..5, got {levels}")
-        if self.profile == "data" and not self.sources:
-            raise ValueError('profile "data" needs at least one entry in sources')
+        if self.profile == "data" and not self.sources and not self.feedback:
+            raise ValueError('profile "data" needs at least one entry in sources (or feedback)')
         if self.total < 0 or any(n < 0 for n in self.counts.values()):
             raise ValueError("total and counts must be >= 0")
         if self.profile == "tiny":
@@ -174,6 +186,8 @@ class Build:
     holdout: list[Task]
     report: dict[str, Any]
     quarantined: list[tuple[str, RawRow]] = field(default_factory=list)
+    field_tasks: list[Task] = field(default_factory=list)  # the feedback slice's verifiable tasks
+    field_records: list[FeedbackRecord] = field(default_factory=list)  # every rated record without a reference
 
 
 class TasksetEmptied(ValueError):
@@ -248,6 +262,32 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
             errors.append(RowError(label, None, None, "no task rows"))
     if config.sources:
         timings["load_sources"] = time.perf_counter() - t
+    field_records: list[FeedbackRecord] = []
+    field_tasks: list[Task] = []
+    feedback_report: dict[str, Any] = {}
+    if config.feedback:
+        t = time.perf_counter()
+        batches = read_batches(config.feedback)
+        for batch, record in batches.records:
+            if record.kind == "task":
+                tasks.append(record.as_task(batch))
+            else:
+                field_records.append(record)
+                task = record.field_task(batch)
+                if task is not None:
+                    field_tasks.append(task)
+        for b in batches.batches:
+            inputs[f"feedback:{b['batch']}"] = b["records"]
+        feedback_report = {
+            "batches": batches.batches,
+            "records": len(batches.records),
+            "duplicates_across_batches": batches.duplicates,
+            "tasks": len(batches.records) - len(field_records),
+            "field": len(field_records),
+            "field_verifiable": len(field_tasks),
+            "production": failure_rate([r for _, r in batches.records]),
+        }
+        timings["feedback"] = time.perf_counter() - t
     if config.reward_weights:
         tasks = [
             replace(t, metadata={**t.metadata, "reward_weights": dict(config.reward_weights[t.domain])})
@@ -267,8 +307,11 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
         train, holdout = hash_split(unique, config.holdout_fraction, config.split_salt)
     else:
         train, holdout = stratified_split(unique, config.holdout_fraction, config.seed)
+    if field_tasks:  # a real user's prompt held for evaluation is not trained on, even when short
+        asked = {normalize_text(f.prompt) for f in field_tasks}
+        train = [task for task in train if normalize_text(task.prompt) not in asked]
     common = max(10, math.ceil(config.ngram_common * len(unique))) if config.ngram_common > 0 else 0
-    clean, overlap_report = overlap_filter(train, holdout, config.ngram, common_min_prompts=common)
+    clean, overlap_report = overlap_filter(train, [*holdout, *field_tasks], config.ngram, common_min_prompts=common)
     check_filter_loss(
         f"decontamination ({config.ngram}-gram overlap with the holdout)", train, clean, config.max_filter_loss
     )
@@ -290,7 +333,11 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
             **({"salt": config.split_salt} if config.split_mode() == "hash" else {}),
         },
         "inputs": inputs,
-        "counts": {"train": counts(train), "holdout": counts(holdout)},
+        "counts": {
+            "train": counts(train),
+            "holdout": counts(holdout),
+            **({"field": counts(field_tasks)} if field_tasks else {}),
+        },
         "validation": {
             "errors": len(errors),
             "quarantined": len(quarantined),
@@ -300,8 +347,9 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
         "overlap": overlap_report,
         "mixing": mix_report,
         "timings_s": {k: round(v, 4) for k, v in timings.items()},
+        **({"feedback": feedback_report} if config.feedback else {}),
     }
-    return Build(train, holdout, report, quarantined)
+    return Build(train, holdout, report, quarantined, field_tasks, field_records)
 
 
 def _samples(train: list[Task], holdout: list[Task], per_domain: int) -> list[dict[str, Any]]:
@@ -366,6 +414,14 @@ def _metrics(report: dict[str, Any]) -> dict[str, float]:
     out["overlap.contaminated"] = report["overlap"]["contaminated"]
     out["mixing.dropped"] = report["mixing"]["dropped"]
     out["validation.quarantined"] = report["validation"]["quarantined"]
+    if "feedback" in report:
+        fb = report["feedback"]
+        out["feedback.records"] = fb["records"]
+        out["feedback.tasks"] = fb["tasks"]
+        out["feedback.field"] = fb["field"]
+        out["feedback.field_verifiable"] = fb["field_verifiable"]
+        if fb["production"]["failure_rate"] is not None:
+            out["feedback.production_failure_rate"] = fb["production"]["failure_rate"]
     return out
 
 
@@ -381,6 +437,15 @@ def body(ctx: StageContext) -> dict[str, Any]:
         path = ctx.workdir / f"{name}.parquet"
         save_tasks(tasks, path)
         ctx.writer.put_file(path, f"{name}.parquet")
+    if result.field_tasks:
+        path = ctx.workdir / "field.parquet"
+        save_tasks(result.field_tasks, path)
+        ctx.writer.put_file(path, "field.parquet")
+    if result.field_records:
+        lines = "".join(
+            json.dumps(r.to_json(), ensure_ascii=False, sort_keys=True) + "\n" for r in result.field_records
+        )
+        ctx.writer.put_bytes(lines.encode(), "field.jsonl")
     if result.quarantined:
         path = ctx.workdir / "quarantine.jsonl"
         write_quarantine([rr for _, rr in result.quarantined], path)
@@ -402,6 +467,11 @@ def body(ctx: StageContext) -> dict[str, Any]:
         "train_by_domain": report["counts"]["train"]["by_domain"],
         "holdout_by_domain": report["counts"]["holdout"]["by_domain"],
         "quarantined": len(result.quarantined),
+        **(
+            {"feedback_records": report["feedback"]["records"], "field": len(result.field_records)}
+            if "feedback" in report
+            else {}
+        ),
         "contaminated": report["overlap"]["contaminated"],
         "duplicates": report["dedup"]["exact_duplicates"] + report["dedup"]["near_duplicates"],
     }

@@ -22,6 +22,7 @@ from training import storage
 from training.cli import stage_cli
 from training.evaluation.candidates import latest_policy_stage, rounds_history
 from training.evaluation.config import EvalConfig
+from training.evaluation.field import field_report, load_field
 from training.evaluation.measure import by_domain, evaluate_model, pass1_rate
 from training.evaluation.plots import plot_report
 from training.evaluation.report import render_html, render_markdown
@@ -82,6 +83,11 @@ def body(ctx: StageContext) -> dict[str, Any]:
     for idx in by_domain(holdout).values():
         chosen = sorted(rng.sample(idx, min(len(idx), cfg.max_tasks_per_domain)))
         tasks += [holdout[i] for i in chosen]
+    # the feedback slice: its verifiable tasks are measured (and gated) as the domain "field"
+    field_tasks, field_records = load_field(ctx.input("taskset"), ctx.workdir)
+    if field_tasks:
+        chosen = sorted(rng.sample(range(len(field_tasks)), min(len(field_tasks), cfg.max_tasks_per_domain)))
+        tasks += [field_tasks[i] for i in chosen]
     ctx.progress(f"holdout: {len(tasks)} tasks in {len(by_domain(tasks))} domains")
 
     rounds = rounds_history(ctx.run_uri)
@@ -122,6 +128,7 @@ def body(ctx: StageContext) -> dict[str, Any]:
         "config": cfg.to_dict(),
         "models": models,
         "rounds": rounds,
+        **({"field": field_report(models, field_records)} if field_records else {}),
     }
     plots = plot_report(report, ctx.workdir / "plots")
     markdown = render_markdown(report)
@@ -137,6 +144,18 @@ def body(ctx: StageContext) -> dict[str, Any]:
     ctx.mlflow.log_dict(report, "report.json")
     ctx.mlflow.log_table(models["candidate"]["samples"], "samples.json")
     summary = {name: {d: round(pass1_rate(rep, d), 4) for d in rep["domains"]} for name, rep in models.items()}
+    if field_records:
+        prod = report["field"]["production"]
+        if prod["failure_rate"] is not None:
+            ctx.mlflow.log_metrics({"field.production_failure_rate": prod["failure_rate"]})
+        for name, m in report["field"]["models"].items():
+            wf = m["weighted_failure_rate"]
+            ctx.mlflow.log_metrics(
+                {
+                    f"field.{name}.pass1": m["pass1"],
+                    **({f"field.{name}.weighted_failure_rate": wf} if wf is not None else {}),
+                }
+            )
     return {"candidate_stage": candidate_stage, "candidate_uri": specs["candidate"], "pass1": summary}
 
 
