@@ -163,6 +163,7 @@ def recipe_params(recipe: Recipe) -> dict[str, Any]:
         "holdout_fraction": recipe.holdout_fraction,
         "split": "hash",
         "split_salt": recipe.split_salt,
+        "ids": "content",
     }
     feedback = feedback_params(recipe)
     if feedback:

@@ -25,6 +25,7 @@ report.json, a sample table (`samples.json`) and a bar chart of counts (`counts.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -84,6 +85,10 @@ class TasksetConfig(ConfigBase):
                       (domain, difficulty) group: exact proportions, but a task's side moves when the data
                       changes), or "" (the default): "hash" for profile data, "shuffle" for tiny (its figures
                       were tuned on that split).
+    ids:              "source" (the sources' own ids: a hub or file adapter numbers rows, so removing a row
+                      renumbers the rest) or "content" (`<domain>-<sha256 of the normalised prompt>`, the
+                      source's id kept as metadata.source_id): a task keeps its id across rebuilds, so
+                      night-to-night gates pair the same questions. Recipes use "content".
     split_salt:       the hash split's salt: fixed per model line; a new salt (or fraction) is a new holdout.
     ngram:            word n-gram size of the holdout contamination check; train tasks sharing one with a
                       holdout prompt are dropped. 13 as in GPT-3's decontamination (Brown et al. 2020, App. C).
@@ -113,6 +118,7 @@ class TasksetConfig(ConfigBase):
     holdout_fraction: float = 0.1
     split: str = ""
     split_salt: str = "posttrain"
+    ids: str = "source"
     ngram: int = 13
     sources: list[SourceSpec] = field(default_factory=list)
     feedback: list[str] = field(default_factory=list)
@@ -133,6 +139,8 @@ class TasksetConfig(ConfigBase):
             raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction}")
         if self.split not in ("", "hash", "shuffle"):
             raise ValueError(f"split must be 'hash', 'shuffle' or '' (by profile), got {self.split!r}")
+        if self.ids not in ("source", "content"):
+            raise ValueError(f"ids must be 'source' or 'content', got {self.ids!r}")
         if self.ngram < 1:
             raise ValueError("ngram must be >= 1")
         if not 0.0 < self.max_filter_loss <= 1.0 or not 0.0 <= self.ngram_common <= 1.0:
@@ -192,6 +200,12 @@ class Build:
 
 class TasksetEmptied(ValueError):
     """A filter took (nearly) all of a domain, or a split is empty: the stage fails instead of training on it."""
+
+
+def content_id(task: Task) -> Task:
+    """The task under an id that is a function of its domain and normalised prompt; its old id in metadata."""
+    digest = hashlib.sha256(f"{task.domain}\x1f{normalize_text(task.prompt)}".encode()).hexdigest()[:16]
+    return replace(task, id=f"{task.domain}-{digest}", metadata={**task.metadata, "source_id": task.id})
 
 
 def check_filter_loss(name: str, before: list[Task], after: list[Task], max_loss: float) -> None:
@@ -301,6 +315,8 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
     t = time.perf_counter()
     unique, dedup_report = dedup(tasks)
     check_filter_loss("dedup (same normalised prompt)", tasks, unique, config.max_filter_loss)
+    if config.ids == "content":  # unique after dedup: one task per normalised prompt
+        unique = [content_id(task) for task in unique]
     timings["dedup"] = time.perf_counter() - t
     t = time.perf_counter()
     if config.split_mode() == "hash":
@@ -330,6 +346,7 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
         "split": {
             "mode": config.split_mode(),
             "fraction": config.holdout_fraction,
+            "ids": config.ids,
             **({"salt": config.split_salt} if config.split_mode() == "hash" else {}),
         },
         "inputs": inputs,

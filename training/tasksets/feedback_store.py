@@ -40,15 +40,13 @@ def batch_id(data: bytes) -> str:
 
 
 def _stored_files(uri: str) -> list[tuple[str, bytes]]:
-    """One object, or the *.jsonl objects directly under a prefix."""
+    """One object, or the *.jsonl objects directly under a prefix (none yet: an empty inbox)."""
     loc = storage.locate(uri)
     try:
         return [(uri, loc.backend.get_bytes(loc.key()))]
     except storage.ObjectNotFound:
         pass  # not an object: a prefix of feedback files
     names = sorted(r for r in storage.iter_files(uri) if r.endswith(JSONL_SUFFIXES) and "/" not in r)
-    if not names:
-        raise storage.ObjectNotFound(f"{uri}: no such feedback file, nor *.jsonl objects under it")
     return [(storage.join(uri, n), loc.backend.get_bytes(loc.key(n))) for n in names]
 
 

@@ -155,7 +155,7 @@ def test_the_hash_holdout_does_not_move_when_the_data_changes(tmp_path) -> None:
     cfg = {"profile": "data", "mix": {}, "holdout_fraction": 0.2}
     one = build(TasksetConfig(**cfg, sources=[SourceSpec(str(night1))]))
     two = build(TasksetConfig(**cfg, sources=[SourceSpec(str(night2))]))
-    assert one.report["split"] == {"mode": "hash", "fraction": 0.2, "salt": "posttrain"}
+    assert one.report["split"] == {"mode": "hash", "fraction": 0.2, "salt": "posttrain", "ids": "source"}
     held1, held2 = {t.id for t in one.holdout}, {t.id for t in two.holdout}
     train1, train2 = {t.id for t in one.train}, {t.id for t in two.train}
     still_there = {f"q{i}" for i in range(100, 400)}
@@ -165,3 +165,24 @@ def test_the_hash_holdout_does_not_move_when_the_data_changes(tmp_path) -> None:
     # a different salt is a different holdout
     three = build(TasksetConfig(**cfg, split_salt="other", sources=[SourceSpec(str(night2))]))
     assert {t.id for t in three.holdout} != held2
+
+
+def test_content_ids_survive_a_renumbering_source(tmp_path) -> None:
+    """GSM8K-style adapters number rows: with one row gone every later id moves. Content ids do not."""
+    rows = [{"question": f"Tom has {i} apples and gets {i + 3} more. How many now?",
+             "answer": f"{i} + {i + 3} = {2 * i + 3}\n#### {2 * i + 3}"} for i in range(60)]  # fmt: skip
+    night1, night2 = tmp_path / "gsm-1.jsonl", tmp_path / "gsm-2.jsonl"
+    night1.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    night2.write_text("".join(json.dumps(r) + "\n" for r in rows[5:]))
+    cfg = {"profile": "data", "mix": {}, "holdout_fraction": 0.2, "ids": "content"}
+    one = build(TasksetConfig(**cfg, sources=[SourceSpec(str(night1), adapter="gsm8k", id_prefix="gsm8k-")]))
+    two = build(TasksetConfig(**cfg, sources=[SourceSpec(str(night2), adapter="gsm8k", id_prefix="gsm8k-")]))
+    by_prompt1 = {t.prompt: t.id for t in one.train + one.holdout}
+    by_prompt2 = {t.prompt: t.id for t in two.train + two.holdout}
+    assert all(by_prompt1[p] == i for p, i in by_prompt2.items())  # same question, same id
+    assert all(i.startswith("math-") for i in by_prompt2.values())
+    held1 = {t.id for t in one.holdout}
+    assert {i for i in held1 if i in by_prompt2.values()} <= {t.id for t in two.holdout}
+    assert one.holdout[0].metadata["source_id"].startswith("gsm8k-")
+    with pytest.raises(ValueError, match="ids must be"):
+        TasksetConfig(ids="random")
