@@ -56,6 +56,9 @@ with DAG(
     build = PosttrainStageOperator(
         task_id="build_taskset",
         spec=spec("build-taskset"),
+        # refused when the holdout would be drawn differently from the newest task set's (a changed salt or
+        # fraction), unless the recipe says new_holdout: the champion's training tasks stay out of the holdout
+        stage_args=["--set", f"previous={TASKSETS_ROOT}"],
         run_uri=BUILD_URI,
         config="{{ stage_config('taskset', params) }}",
         trigger_rule="none_failed",  # a skipped import (no feedback configured) still builds

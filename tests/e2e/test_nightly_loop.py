@@ -199,3 +199,33 @@ def test_feedback_rows_become_tasks_and_the_field_slice_and_bad_rows_are_kept(lo
     gate = storage.require_manifest(_result(nightly, "gate")["manifest_uri"].rsplit("/", 1)[0])
     verdict = storage.read_bytes(gate, "verdict.md").decode()
     assert "field" in verdict
+
+
+def test_each_night_names_what_it_started_from_and_the_history_is_plotted(loop, tmp_path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    parents = []
+    for night in loop["nights"]:
+        child = client.get_run(_result(night["nightly"], "evaluate")["mlflow_run_id"])
+        parents.append(client.get_run(child.data.tags["mlflow.parentRunId"]))
+    one, two = parents
+    built = [_result(n["refresh"], "build_taskset")["manifest_uri"].rsplit("/", 1)[0] for n in loop["nights"]]
+    assert one.data.tags["posttrain.champion_version"] == "1"
+    assert one.data.tags["posttrain.champion_source"] == loop["champion_uri"]
+    assert [p.data.tags["posttrain.taskset_uri"] for p in parents] == built
+    (batch,) = _result(loop["nights"][1]["refresh"], "import_feedback")["summary"]["batches"]
+    assert one.data.tags["posttrain.feedback_batches"] == "" and two.data.tags["posttrain.feedback_batches"] == batch
+    # night 2 started from whichever champion night 1 left (promoted: version 2)
+    promoted = _tis(loop["nights"][0]["nightly"])["promote"].state == "success"
+    assert two.data.tags["posttrain.champion_version"] == ("2" if promoted else "1")
+    assert {"holdout.pass1.math", "holdout.pass1.code", "holdout.pass1.field"} <= set(two.data.metrics)
+    series = json.loads(
+        open(client.download_artifacts(two.info.run_id, "history/holdout_pass1.json", str(tmp_path))).read()
+    )
+    assert [r["run_id"] for r in series] == [one.info.run_id, two.info.run_id]
+    assert series[0]["pass1"]["math"] == one.data.metrics["holdout.pass1.math"]
+    artifacts = {a.path for a in client.list_artifacts(two.info.run_id, "history")}
+    assert "history/holdout_pass1.png" in artifacts
+    lineage = json.loads(open(client.download_artifacts(two.info.run_id, "lineage.json", str(tmp_path))).read())
+    assert lineage["feedback_batches"][0]["batch"] == batch

@@ -34,6 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from training import storage
 from training.cli import stage_cli
 from training.config import ConfigBase
 from training.rewards import verifier_names
@@ -90,6 +91,12 @@ class TasksetConfig(ConfigBase):
                       source's id kept as metadata.source_id): a task keeps its id across rebuilds, so
                       night-to-night gates pair the same questions. Recipes use "content".
     split_salt:       the hash split's salt: fixed per model line; a new salt (or fraction) is a new holdout.
+    previous:         the task set this one follows (a task set folder, or a folder whose latest.json points at
+                      one; `taskset_refresh` names the shared one): when its holdout was drawn differently
+                      (another split mode, fraction, salt or ids), the build is refused, since tasks the champion
+                      trained on could then sit in the holdout it is judged on. "" = no check.
+    new_holdout:      start a new holdout anyway (a deliberate new salt or fraction); the next gate then judges
+                      the champion on tasks it may have trained on, which the report records.
     ngram:            word n-gram size of the holdout contamination check; train tasks sharing one with a
                       holdout prompt are dropped. 13 as in GPT-3's decontamination (Brown et al. 2020, App. C).
     sources:          real data, a list of SourceSpec objects ({"path": ..., "adapter": ...}).
@@ -119,6 +126,8 @@ class TasksetConfig(ConfigBase):
     split: str = ""
     split_salt: str = "posttrain"
     ids: str = "source"
+    previous: str = ""
+    new_holdout: bool = False
     ngram: int = 13
     sources: list[SourceSpec] = field(default_factory=list)
     feedback: list[str] = field(default_factory=list)
@@ -196,6 +205,43 @@ class Build:
     quarantined: list[tuple[str, RawRow]] = field(default_factory=list)
     field_tasks: list[Task] = field(default_factory=list)  # the feedback slice's verifiable tasks
     field_records: list[FeedbackRecord] = field(default_factory=list)  # every rated record without a reference
+
+
+class HoldoutMoved(ValueError):
+    """The holdout would be drawn differently from the previous task set's: refused unless `new_holdout`."""
+
+
+def split_settings(config: TasksetConfig) -> dict[str, Any]:
+    """What decides which tasks are held out (report.json's "split")."""
+    mode = config.split_mode()
+    return {
+        "mode": mode,
+        "fraction": config.holdout_fraction,
+        "ids": config.ids,
+        **({"salt": config.split_salt} if mode == "hash" else {}),
+    }
+
+
+def check_holdout_kept(config: TasksetConfig) -> dict[str, Any] | None:
+    """Compare this build's split with `config.previous`'s; raise HoldoutMoved when they differ (unless
+    `new_holdout`). Returns what was compared, for the report; None without a previous task set."""
+    if not config.previous:
+        return None
+    manifest = storage.read_manifest(config.previous) or storage.resolve_latest(config.previous)
+    if manifest is None or "report.json" not in manifest.files:
+        return None  # the first task set of this line
+    before = storage.read_json(manifest, "report.json").get("split") or {}
+    now = split_settings(config)
+    changed = {k: (before.get(k, "source" if k == "ids" else None), v) for k, v in now.items()}
+    changed = {k: pair for k, pair in changed.items() if pair[0] != pair[1]}
+    if changed and not config.new_holdout:
+        what = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        raise HoldoutMoved(
+            f"the holdout would move: {manifest.uri} was split with {before}, this build would change {what}. "
+            "Tasks the champion trained on could then enter the holdout it is judged on. Keep the recipe's "
+            "holdout_fraction and split_salt, or set new_holdout: true to start a new holdout on purpose."
+        )
+    return {"previous": manifest.uri, "changed": sorted(changed), "new_holdout": bool(changed)}
 
 
 class TasksetEmptied(ValueError):
@@ -343,12 +389,7 @@ def build(config: TasksetConfig, cache_dir: str | None = None) -> Build:
         "profile": config.profile,
         "seed": config.seed,
         # how the holdout was drawn: with "hash", the same salt and fraction give the same side to every task
-        "split": {
-            "mode": config.split_mode(),
-            "fraction": config.holdout_fraction,
-            "ids": config.ids,
-            **({"salt": config.split_salt} if config.split_mode() == "hash" else {}),
-        },
+        "split": split_settings(config),
         "inputs": inputs,
         "counts": {
             "train": counts(train),
@@ -447,8 +488,11 @@ def body(ctx: StageContext) -> dict[str, Any]:
 
     config: TasksetConfig = ctx.config  # type: ignore[assignment]  # run_stage was given a TasksetConfig
     started = time.perf_counter()
+    kept = check_holdout_kept(config)
     result = build(config, cache_dir=str(ctx.workdir / "hf-cache"))
     report = result.report
+    if kept is not None:
+        report["split"]["checked_against"] = kept
     t = time.perf_counter()
     for name, tasks in (("train", result.train), ("holdout", result.holdout)):
         path = ctx.workdir / f"{name}.parquet"
@@ -502,5 +546,5 @@ def cli(argv: list[str], prog: str = "posttrain build-taskset") -> int:
         TasksetConfig,
         STAGE,
         body,
-        user_errors=(TasksetValidationError, TasksetEmptied),
+        user_errors=(TasksetValidationError, TasksetEmptied, HoldoutMoved),
     )

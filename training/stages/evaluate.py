@@ -23,6 +23,7 @@ from training.cli import stage_cli
 from training.evaluation.candidates import latest_policy_stage, rounds_history
 from training.evaluation.config import EvalConfig
 from training.evaluation.field import field_report, load_field
+from training.evaluation.lineage import record_cycle
 from training.evaluation.measure import by_domain, evaluate_model, pass1_rate
 from training.evaluation.plots import plot_report
 from training.evaluation.report import render_html, render_markdown
@@ -98,6 +99,7 @@ def body(ctx: StageContext) -> dict[str, Any]:
     else:
         specs["candidate"] = ctx.input(candidate_stage).uri
     specs["sft"] = ctx.input(cfg.baseline_stage).uri
+    champ = None
     if cfg.compare_champion:
         champ = champion(cfg.model_name)
         if champ is not None:
@@ -122,7 +124,7 @@ def body(ctx: StageContext) -> dict[str, Any]:
             f"evaluated {name}", **{f"{name}_pass1_{d}": pass1_rate(models[name], d) for d in models[name]["domains"]}
         )
 
-    report = {
+    report: dict[str, Any] = {
         "run_id": ctx.run_id,
         "candidate_stage": candidate_stage,
         "config": cfg.to_dict(),
@@ -144,6 +146,8 @@ def body(ctx: StageContext) -> dict[str, Any]:
     ctx.mlflow.log_dict(report, "report.json")
     ctx.mlflow.log_table(models["candidate"]["samples"], "samples.json")
     summary = {name: {d: round(pass1_rate(rep, d), 4) for d in rep["domains"]} for name, rep in models.items()}
+    cycle = record_cycle(ctx, report, cfg.model_name, champ)
+    ctx.progress(f"model line {cfg.model_name}: run {cycle['runs']} in MLflow's history")
     if field_records:
         prod = report["field"]["production"]
         if prod["failure_rate"] is not None:

@@ -220,6 +220,7 @@ class FeedbackValidator:
             bad(unknown[0], f"unknown field(s) {unknown}; known: {', '.join(KNOWN_FIELDS)}")
         if errs:
             return None, errs
+        assert isinstance(prompt, str) and isinstance(response, str) and isinstance(domain, str)  # checked above
 
         rid = data.get("id")
         if rid is not None and (not isinstance(rid, str) or not rid.strip()):
@@ -231,7 +232,7 @@ class FeedbackValidator:
         verifiable = any(data.get(k) not in (None, "", []) for k in ("answer", "tests", "reference"))
         if not verifiable and rating is None:
             return None, [RowError(file, row, "rating", "missing: a record needs a rating or thumbs, or an answer")]
-        task_row = {
+        task_row: dict[str, Any] = {
             "id": rid,
             "domain": domain,
             "prompt": prompt,
@@ -338,7 +339,7 @@ def failure_rate(records: Iterable[FeedbackRecord]) -> dict[str, Any]:
     rated = [r for r in records if r.rating is not None]
 
     def rate(rs: list[FeedbackRecord]) -> dict[str, Any]:
-        return {"records": len(rs), "failure_rate": round(sum(1.0 - r.rating for r in rs) / len(rs), 6)}  # type: ignore[operator]
+        return {"records": len(rs), "failure_rate": round(sum(1.0 - (r.rating or 0.0) for r in rs) / len(rs), 6)}
 
     by: dict[str, dict[str, list[FeedbackRecord]]] = {"by_domain": {}, "by_model_version": {}}
     for r in rated:

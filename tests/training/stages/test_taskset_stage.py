@@ -186,3 +186,36 @@ def test_content_ids_survive_a_renumbering_source(tmp_path) -> None:
     assert one.holdout[0].metadata["source_id"].startswith("gsm8k-")
     with pytest.raises(ValueError, match="ids must be"):
         TasksetConfig(ids="random")
+
+
+def test_a_changed_salt_or_fraction_is_refused_against_the_previous_task_set(
+    tmp_path, file_run_uri, local_mlflow, capsys
+) -> None:
+    data = tmp_path / "tasks.jsonl"
+    _rows(data, range(0, 200))
+    cfg = {"profile": "data", "mix": {}, "holdout_fraction": 0.2, "sources": [{"path": str(data)}]}
+    first = file_run_uri + "-night1"
+    assert cli.main(["build-taskset", "--run", first, "--config", json.dumps(cfg)]) == 0
+    pointer = (tmp_path / "tasksets").as_uri()
+    storage.set_latest(pointer, storage.join(first, "taskset"))
+
+    def night(run: str, **changes) -> int:
+        config = {**cfg, "previous": pointer, **changes}
+        return cli.main(["build-taskset", "--run", run, "--config", json.dumps(config)])
+
+    capsys.readouterr()
+    assert night(file_run_uri + "-salted", split_salt="v2") == 2
+    err = capsys.readouterr().err
+    assert "the holdout would move" in err and "salt 'posttrain' -> 'v2'" in err and "new_holdout" in err
+    assert night(file_run_uri + "-wider", holdout_fraction=0.3) == 2
+    assert "fraction 0.2 -> 0.3" in capsys.readouterr().err
+    assert storage.read_manifest(storage.join(file_run_uri + "-salted", "taskset")) is None  # nothing written
+    # the same split is fine, and says what it was checked against; a deliberate new holdout is recorded
+    assert night(file_run_uri + "-same") == 0
+    same = storage.read_json(storage.require_manifest(storage.join(file_run_uri + "-same", "taskset")), "report.json")
+    assert same["split"]["checked_against"]["changed"] == []
+    assert night(file_run_uri + "-new", split_salt="v2", new_holdout=True) == 0
+    new = storage.read_json(storage.require_manifest(storage.join(file_run_uri + "-new", "taskset")), "report.json")
+    assert new["split"]["checked_against"] == {
+        "previous": storage.join(first, "taskset"), "changed": ["salt"], "new_holdout": True
+    }  # fmt: skip
