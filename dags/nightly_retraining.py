@@ -14,9 +14,9 @@ from airflow.timetables.trigger import CronTriggerTimetable
 from operators.pipeline import (
     DAG_DEFAULTS,
     MACROS,
-    PARAMS,
     TASKSET_ASSET,
     TASKSETS_ROOT,
+    build_params,
     rounds_through_promotion,
     spec,
 )
@@ -26,7 +26,7 @@ RUN_URI = "{{ params.run_root }}/{{ run_slug(run_id) }}"
 # The champion is the policy: no base model or profile to pick here. With a recipe (the `recipe` param, or
 # POSTTRAIN_RECIPE for the scheduled nights) the presets are those of the recipe's base model, never the tiny
 # profile's; without one, the tiny profile's, as for the demo.
-NIGHTLY_PARAMS = {k: v for k, v in PARAMS.items() if k not in ("base_model", "profile")}
+NIGHTLY_PARAMS = {k: v for k, v in build_params().items() if k not in ("base_model", "profile")}
 
 with DAG(
     dag_id="nightly_retraining",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, chain
 
-from operators.pipeline import DAG_DEFAULTS, MACROS, PARAMS, rounds_through_promotion, spec
+from operators.pipeline import DAG_DEFAULTS, MACROS, build_params, rounds_through_promotion, spec
 from operators.stage_operator import PosttrainStageOperator
 
 RUN_URI = "{{ params.run_root }}/{{ run_slug(run_id) }}"
@@ -18,7 +18,7 @@ with DAG(
     dag_id="post_training",
     description="Post-train a base model: verifiable tasks, SFT, GRPO rounds, evaluation, regression gate",
     schedule=None,
-    params=PARAMS,
+    params=build_params(),
     user_defined_macros=MACROS,
     max_active_runs=1,
     **DAG_DEFAULTS,

@@ -14,9 +14,9 @@ from airflow.sdk import DAG, Param
 
 from operators.pipeline import (
     DAG_DEFAULTS,
-    PARAMS,
     TASKSET_ASSET,
     TASKSETS_ROOT,
+    build_params,
     feedback,
     run_slug,
     spec,
@@ -33,7 +33,7 @@ with DAG(
     # A recipe (or POSTTRAIN_RECIPE, for the weekly runs) names the sources; without one the tiny profile's
     # synthetic set is rebuilt, as for the demo.
     params={
-        "recipe": PARAMS["recipe"],
+        "recipe": build_params()["recipe"],
         "profile": Param("tiny", enum=["tiny", "data"]),
         "seed": Param(0, type="integer"),
     },

@@ -287,4 +287,7 @@ def build_params(max_rounds: int = MAX_ROUNDS) -> dict[str, Param]:
     }
 
 
+# The form as the tests and docs read it. A DAG builds its own with build_params(): Airflow resolves a run's conf
+# into the DAG's Param objects in place (ParamsDict.update -> Param.resolve), so DAGs sharing these objects in one
+# process (dag.test, a DagBag parsed twice) would hand one run's values to the next as its defaults.
 PARAMS: dict[str, Param] = build_params()

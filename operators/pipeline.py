@@ -14,13 +14,13 @@ from typing import Any
 
 from airflow.sdk import Asset, BaseBranchOperator
 
-from operators.form import DEFAULT_RUN_ROOT, MAX_ROUNDS, PARAMS
+from operators.form import DEFAULT_RUN_ROOT, MAX_ROUNDS, PARAMS, build_params
 from operators.queues import QUEUES
 from operators.spec import StageSpec
 from training import recipes, run_config
 from training.profiles import deep_merge
 
-__all__ = ["DEFAULT_RUN_ROOT", "MAX_ROUNDS", "PARAMS"]  # the form lives in operators/form.py
+__all__ = ["DEFAULT_RUN_ROOT", "MAX_ROUNDS", "PARAMS", "build_params"]  # the form lives in operators/form.py
 TASKSETS_ROOT = os.environ.get("POSTTRAIN_TASKSETS_ROOT", "s3://posttrain/tasksets")
 MODEL_NAME = os.environ.get("POSTTRAIN_MODEL_NAME", "posttrain-tiny")
 # Every stage resumes from its own checkpoints, and a stage lease keeps a retry from writing beside an attempt

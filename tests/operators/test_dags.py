@@ -40,6 +40,28 @@ def test_dagbag_imports_without_errors(dagbag) -> None:
             assert {"run_uri", "config"} <= set(task.template_fields)
 
 
+def test_a_runs_conf_does_not_become_another_dags_default() -> None:
+    """Airflow resolves a run's conf in place into the DAG's own Param objects for a task that filters the DAG's
+    params out of its own (the HITL approval does): a DAG sharing those objects with another DAG, or with the
+    next parse of the folder, would hand this run's recipe and overrides to the next run as its defaults (found
+    when a distributed run's overrides turned up in a nightly run of another test)."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.definitions.param import process_params
+
+    from operators.form import PARAMS
+
+    first, second = DagBag(str(REPO / "dags")).dags, DagBag(str(REPO / "dags")).dags
+    post = first["post_training"]
+    conf = {"recipe": "/recipes/mine.yaml", "rounds": 1, "stage_overrides": {"evaluate": {"model_name": "x"}}}
+    process_params(post, post.get_task("approval"), conf, suppress_exception=False)  # what the task run does
+    assert post.params["rounds"] == 1, "Airflow no longer resolves into the DAG's Params: this guard can go"
+    others = [dag for dag in [*first.values(), *second.values()] if dag is not post]
+    for dag in others:
+        for name in set(conf) & set(dag.params):
+            assert dag.params[name] == PARAMS[name].value, (dag.dag_id, name)
+    assert PARAMS["rounds"].value == 2 and {d.dag_id for d in others} >= {"post_training", "nightly_retraining"}
+
+
 def test_nightly_and_refresh_wiring(dagbag) -> None:
     from operators.pipeline import TASKSET_ASSET
 
