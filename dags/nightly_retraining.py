@@ -1,22 +1,21 @@
 """nightly_retraining: RL rounds on top of the current champion with the newest task set.
 
-Runs every night and whenever `taskset_refresh` publishes a new task set. The champion (MLflow alias) becomes
-this run's `sft` stage (its policy init and KL reference) and the newest task set its `taskset` stage; then the
-same rounds → evaluate → gate → promote as `post_training`, so a night that makes things worse is blocked.
+Runs every night (POSTTRAIN_NIGHTLY_CRON, default 02:00 UTC) and whenever `taskset_refresh` publishes a new task
+set. The champion (MLflow alias) becomes this run's `sft` stage (its policy init and KL reference) and the newest
+task set its `taskset` stage; then the same rounds → evaluate → gate → promote as `post_training`, so a night that
+makes things worse is blocked.
 """
 
 from __future__ import annotations
 
 from airflow.sdk import DAG, chain
-from airflow.timetables.assets import AssetOrTimeSchedule
-from airflow.timetables.trigger import CronTriggerTimetable
 
 from operators.pipeline import (
     DAG_DEFAULTS,
     MACROS,
-    TASKSET_ASSET,
     TASKSETS_ROOT,
     build_params,
+    nightly_schedule,
     rounds_through_promotion,
     spec,
 )
@@ -31,9 +30,7 @@ NIGHTLY_PARAMS = {k: v for k, v in build_params().items() if k not in ("base_mod
 with DAG(
     dag_id="nightly_retraining",
     description="Nightly GRPO rounds from the champion on the newest task set, gated against the champion",
-    # The core timetable is annotated with scheduler-side SerializedAsset, but its __init__ converts SDK assets
-    # (ensure_serialized_asset: "so this class works in dag files"), so an SDK Asset is right at runtime.
-    schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"), assets=TASKSET_ASSET),  # type: ignore[arg-type]
+    schedule=nightly_schedule(),  # POSTTRAIN_NIGHTLY_CRON, default 02:00 UTC, and every new task set
     params=NIGHTLY_PARAMS,
     user_defined_macros=MACROS,
     max_active_runs=1,

@@ -18,6 +18,7 @@ from operators.pipeline import (
     TASKSETS_ROOT,
     build_params,
     feedback,
+    refresh_schedule,
     run_slug,
     spec,
     stage_config,
@@ -29,7 +30,7 @@ BUILD_URI = TASKSETS_ROOT + "/{{ run_slug(run_id) }}"
 with DAG(
     dag_id="taskset_refresh",
     description="Rebuild the verifiable task set and publish it as the newest one",
-    schedule="@weekly",
+    schedule=refresh_schedule(),  # POSTTRAIN_REFRESH_SCHEDULE, default @weekly
     # A recipe (or POSTTRAIN_RECIPE, for the weekly runs) names the sources; without one the tiny profile's
     # synthetic set is rebuilt, as for the demo.
     params={

@@ -13,6 +13,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import Asset, BaseBranchOperator
+from airflow.timetables.assets import AssetOrTimeSchedule
+from airflow.timetables.trigger import CronTriggerTimetable
 
 from operators.form import DEFAULT_RUN_ROOT, MAX_ROUNDS, PARAMS, build_params
 from operators.queues import QUEUES
@@ -23,6 +25,11 @@ from training.profiles import deep_merge
 __all__ = ["DEFAULT_RUN_ROOT", "MAX_ROUNDS", "PARAMS", "build_params"]  # the form lives in operators/form.py
 TASKSETS_ROOT = os.environ.get("POSTTRAIN_TASKSETS_ROOT", "s3://posttrain/tasksets")
 MODEL_NAME = os.environ.get("POSTTRAIN_MODEL_NAME", "posttrain-tiny")
+# When the loop runs by the clock, per deployment: nightly_retraining's cron (UTC; it also runs on every new task
+# set) and taskset_refresh's schedule. "off" leaves only the task-set event (nightly) or manual and external
+# triggers (refresh). With catchup off, Airflow runs a clocked DAG once for its latest tick when it is unpaused.
+NIGHTLY_CRON = os.environ.get("POSTTRAIN_NIGHTLY_CRON", "0 2 * * *").strip()
+REFRESH_SCHEDULE = os.environ.get("POSTTRAIN_REFRESH_SCHEDULE", "@weekly").strip()
 # Every stage resumes from its own checkpoints, and a stage lease keeps a retry from writing beside an attempt
 # that lives on, so retrying is always safe. 10 s between tries (was 30 s) puts a crashed stage back to work
 # within about a minute of the crash; the cost is that 2 retries ride out only ~20 s of a storage or MLflow
@@ -42,6 +49,21 @@ DAG_DEFAULTS: dict[str, Any] = {
 TASKSET_ASSET = Asset(f"{TASKSETS_ROOT}/latest.json", extra={"kind": "posttrain task set"})
 LAUNCHER = os.environ.get("POSTTRAIN_LAUNCHER", "local")
 TRAIN_IMAGE = os.environ.get("POSTTRAIN_TRAIN_IMAGE", "posttrain-train:latest")
+
+
+def nightly_schedule(cron: str = NIGHTLY_CRON) -> Any:
+    """nightly_retraining's schedule: the cron or a new task set, whichever comes first; the event alone when the
+    cron is "off"."""
+    if cron.lower() in ("", "off", "none"):
+        return TASKSET_ASSET
+    # The core timetable is annotated with scheduler-side SerializedAsset, but its __init__ converts SDK assets
+    # (ensure_serialized_asset: "so this class works in dag files"), so an SDK Asset is right at runtime.
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=TASKSET_ASSET)  # type: ignore[arg-type]
+
+
+def refresh_schedule(schedule: str = REFRESH_SCHEDULE) -> str | None:
+    """taskset_refresh's schedule (a cron or preset such as "@weekly"); None, manual runs only, when "off"."""
+    return None if schedule.lower() in ("", "off", "none") else schedule
 
 
 def run_slug(run_id: str) -> str:

@@ -60,18 +60,18 @@ class Airflow:
             raise
 
 
-def wait_for_dag(api: Airflow, timeout_s: float = 180) -> None:
+def wait_for_dag(api: Airflow, timeout_s: float = 180, dag_id: str = DAG_ID) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            api.call("GET", f"/api/v2/dags/{DAG_ID}")
+            api.call("GET", f"/api/v2/dags/{dag_id}")
             return
         except urllib.error.HTTPError as err:
             if err.code != 404:
                 raise
         time.sleep(3)
     raise SystemExit(
-        f"the DAG processor did not pick up {DAG_ID} within {timeout_s:.0f}s; see .local/logs/airflow-dag-processor.log"
+        f"the DAG processor did not pick up {dag_id} within {timeout_s:.0f}s; see .local/logs/airflow-dag-processor.log"
     )
 
 

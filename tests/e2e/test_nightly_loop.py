@@ -3,8 +3,12 @@ two nights, the second with more data and a production feedback file in the reci
 
 The model is a Qwen2-architecture chat model built from config inside the test (ChatML template, two eos ids),
 registered as the champion the first night starts from; the data are GSM8K- and HumanEval-shaped JSONL files.
-Both DAGs run under dag.test() against the real stack (S3-compatible server, MLflow server), each stage a real
+The whole embedded stack runs for the module as `make up` starts it (S3-compatible server, MLflow server, Airflow
+API server, scheduler and DAG processor), with the recipe as POSTTRAIN_RECIPE, as a deployment's scheduled runs
+read it. The test only does what a user does: it triggers `taskset_refresh` when data arrived; the scheduler
+starts `nightly_retraining` from the task-set Asset event the refresh's publish emits. Each stage is a real
 `posttrain` process. What is checked is the loop's contract, not what a random model learns:
+- each night's retraining was started by the scheduler, from the Asset event of that night's refresh;
 - every night's stages run with the recipe's preset (its base model's size tier: lr, KL, engine), never the
   tiny profile's;
 - the holdout does not move: night 1's held-out ids are all held out on night 2, and no held-out id of either
@@ -17,12 +21,15 @@ Both DAGs run under dag.test() against the real stack (S3-compatible server, MLf
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
+from infra.local.demo import Airflow, wait_for_dag
+from tests.stack_runs import running_stack
 from tests.training.stages.test_pretrained_chat_path import MATH_INSTRUCTION, gsm8k_rows, humaneval_rows
 from training import storage
 from training.modeling.synthetic_models import build_chatml_qwen2
@@ -67,10 +74,58 @@ def feedback_rows() -> tuple[list[dict], list[bytes]]:
     return good, bad
 
 
-@pytest.fixture(scope="module")
-def loop(airflow_db, local_stack, tmp_path_factory):
-    from airflow.dag_processing.dagbag import DagBag
+RUN_TIMEOUT_S = 1500  # a guard for a shared machine, not the expected time
 
+
+class DagRun:
+    """One DAG run as the REST API shows it: its state, its tasks' states and their return values."""
+
+    def __init__(self, api: Airflow, dag_id: str, run: dict) -> None:
+        self.api, self.dag_id, self.run = api, dag_id, run
+        self.run_id: str = run["dag_run_id"]
+
+    @property
+    def state(self) -> str:
+        return self.run["state"]
+
+    def task_states(self) -> dict[str, str]:
+        path = f"/api/v2/dags/{self.dag_id}/dagRuns/{self.run_id}/taskInstances?limit=100"
+        return {t["task_id"]: t["state"] for t in self.api.call("GET", path)["task_instances"]}
+
+    def result(self, task: str) -> dict:
+        path = f"/api/v2/dags/{self.dag_id}/dagRuns/{self.run_id}/taskInstances/{task}/xcomEntries/return_value"
+        value = self.api.call("GET", path)["value"]
+        return json.loads(value) if isinstance(value, str) else value
+
+
+def _wait(api: Airflow, dag_id: str, run_id: str) -> DagRun:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        run = api.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
+        if run["state"] in ("success", "failed"):
+            return DagRun(api, dag_id, run)
+        time.sleep(3)
+    raise AssertionError(f"{dag_id} {run_id} did not finish in {RUN_TIMEOUT_S}s")
+
+
+def _runs(api: Airflow, dag_id: str) -> list[dict]:
+    return api.call("GET", f"/api/v2/dags/{dag_id}/dagRuns?order_by=run_after&limit=50")["dag_runs"]
+
+
+def _next_scheduled(api: Airflow, seen: set[str]) -> dict:
+    """The nightly run the scheduler starts after a refresh (not one of `seen`)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        new = [r for r in _runs(api, "nightly_retraining") if r["dag_run_id"] not in seen]
+        if new:
+            (run,) = new
+            return run
+        time.sleep(2)
+    raise AssertionError("the scheduler started no nightly_retraining run after the task-set refresh")
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory):
     from training import registry
 
     root = tmp_path_factory.mktemp("loop")
@@ -79,14 +134,6 @@ def loop(airflow_db, local_stack, tmp_path_factory):
     corpus += [MATH_INSTRUCTION, "user assistant system reply in lower case greet thank summarise"]
     model_dir = build_chatml_qwen2(root / "support-chat", corpus)
     name = f"loop-{uuid.uuid4().hex[:6]}"
-
-    # The user's model is the first champion: uploaded as a model folder and registered.
-    champion_uri = f"s3://posttrain/models/{name}-base"
-    writer = storage.ManifestWriter(champion_uri)
-    writer.put_dir(model_dir, "model")
-    writer.commit(config={"uploaded_from": str(model_dir)})
-    registry.promote(champion_uri, name)
-
     data, inbox = root / "data", root / "inbox"
     data.mkdir()
     inbox.mkdir()
@@ -106,31 +153,54 @@ def loop(airflow_db, local_stack, tmp_path_factory):
     }
     recipe_path = root / f"{name}.yaml"
     recipe_path.write_text(yaml.safe_dump(recipe))
-    dags = DagBag(str(REPO / "dags")).dags
-    conf = {"recipe": str(recipe_path), "run_root": f"s3://posttrain/loop/{name}"}
 
-    nights = []
-    for night in (1, 2):
-        if night == 1:
-            rows = gsm[:160]
-        else:  # the data changed: ten rows gone, forty new, and the production log arrived
-            rows = gsm[10:200]
-            good, bad = feedback_rows()
-            lines = [json.dumps(r).encode() for r in good] + bad
-            (inbox / "2026-12-05.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-        (data / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        refresh = dags["taskset_refresh"].test(run_conf=conf)
-        nightly = dags["nightly_retraining"].test(run_conf=conf)
-        nights.append({"refresh": refresh, "nightly": nightly})
-    return {"name": name, "nights": nights, "recipe": recipe_path, "inbox": inbox, "champion_uri": champion_uri}
+    # The loop without its clocks: with catchup off, Airflow runs a clocked DAG once for its latest tick when it
+    # is unpaused, which would start a night nobody asked for; what runs here is started by the refresh's event.
+    # The DAG files do not change: parse them once, not every 30 s, so the 2 cores go to the stages.
+    env = {
+        "POSTTRAIN_RECIPE": str(recipe_path),
+        "POSTTRAIN_NIGHTLY_CRON": "off",
+        "POSTTRAIN_REFRESH_SCHEDULE": "off",
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
+    }
+    with running_stack(root / "stack", env=env) as stack:
+        # The user's model is the first champion: uploaded as a model folder and registered.
+        champion_uri = f"s3://posttrain/models/{name}-base"
+        writer = storage.ManifestWriter(champion_uri)
+        writer.put_dir(model_dir, "model")
+        writer.commit(config={"uploaded_from": str(model_dir)})
+        registry.promote(champion_uri, name)
+
+        api = Airflow(stack.airflow_url, stack.airflow_password() or "")
+        api.login()
+        for dag_id in ("taskset_refresh", "nightly_retraining"):
+            wait_for_dag(api, dag_id=dag_id)
+            api.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+        nights = []
+        for night in (1, 2):
+            if night == 1:
+                rows = gsm[:160]
+            else:  # the data changed: ten rows gone, forty new, and the production log arrived
+                rows = gsm[10:200]
+                good, bad = feedback_rows()
+                lines = [json.dumps(r).encode() for r in good] + bad
+                (inbox / "2026-12-05.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+            (data / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            seen = {r["dag_run_id"] for r in _runs(api, "nightly_retraining")}
+            # what the user does: a refresh (no conf: the recipe is the deployment's, as for the weekly run)
+            triggered = api.call("POST", "/api/v2/dags/taskset_refresh/dagRuns", {"logical_date": None, "conf": {}})
+            refresh = _wait(api, "taskset_refresh", triggered["dag_run_id"])
+            assert refresh.state == "success", (night, refresh.task_states())
+            nightly = _wait(api, "nightly_retraining", _next_scheduled(api, seen)["dag_run_id"])
+            nights.append({"refresh": refresh, "nightly": nightly})
+        yield {
+            "name": name, "nights": nights, "recipe": recipe_path, "inbox": inbox, "champion_uri": champion_uri,
+            "api": api,
+        }  # fmt: skip
 
 
-def _tis(dr) -> dict:
-    return {ti.task_id: ti for ti in dr.get_task_instances()}
-
-
-def _result(dr, task: str) -> dict:
-    return _tis(dr)[task].xcom_pull(task_ids=task)
+def _result(dr: DagRun, task: str) -> dict:
+    return dr.result(task)
 
 
 def _splits(manifest, tmp: Path) -> dict[str, set[str]]:
@@ -139,11 +209,23 @@ def _splits(manifest, tmp: Path) -> dict[str, set[str]]:
     return {s: {t.id for t in load_stage_tasks(manifest, s, tmp / s)} for s in ("train", "holdout")}
 
 
+def test_the_scheduler_starts_each_night_from_its_refreshs_task_set_event(loop) -> None:
+    api = loop["api"]
+    for night in loop["nights"]:
+        nightly, refresh = night["nightly"], night["refresh"]
+        assert nightly.run["run_type"] == "asset_triggered" and nightly.run["conf"] == {}
+        path = f"/api/v2/dags/nightly_retraining/dagRuns/{nightly.run_id}/upstreamAssetEvents"
+        events = api.call("GET", path)["asset_events"]
+        assert [(e["source_dag_id"], e["source_run_id"], e["source_task_id"]) for e in events] == [
+            ("taskset_refresh", refresh.run_id, "publish")
+        ]
+
+
 def test_both_nights_run_with_the_recipes_preset(loop) -> None:
     for n, night in enumerate(loop["nights"], start=1):
         for key in ("refresh", "nightly"):
             dr = night[key]
-            assert dr.state == "success", (n, key, {k: ti.state for k, ti in _tis(dr).items()})
+            assert dr.state == "success", (n, key, dr.task_states())
         nightly = night["nightly"]
         rl = storage.require_manifest(_result(nightly, "rl_round_1")["manifest_uri"].rsplit("/", 1)[0])
         # the <= 1.5B tier (the model's config.json sizes it), never the tiny profile's lr 2e-4 / hf engine
@@ -151,7 +233,7 @@ def test_both_nights_run_with_the_recipes_preset(loop) -> None:
         assert rl.config["gradient_checkpointing"] is True and rl.config["temperature"] == 1.0
         ev = storage.require_manifest(_result(nightly, "evaluate")["manifest_uri"].rsplit("/", 1)[0])
         assert ev.config["model_name"] == loop["name"] and ev.config["batch_size"] == 64
-        assert _tis(nightly)["gate"].state == "success"
+        assert nightly.task_states()["gate"] == "success"
 
 
 def test_the_holdout_does_not_move_and_never_meets_train(loop, tmp_path) -> None:
@@ -217,7 +299,7 @@ def test_each_night_names_what_it_started_from_and_the_history_is_plotted(loop, 
     (batch,) = _result(loop["nights"][1]["refresh"], "import_feedback")["summary"]["batches"]
     assert one.data.tags["posttrain.feedback_batches"] == "" and two.data.tags["posttrain.feedback_batches"] == batch
     # night 2 started from whichever champion night 1 left (promoted: version 2)
-    promoted = _tis(loop["nights"][0]["nightly"])["promote"].state == "success"
+    promoted = loop["nights"][0]["nightly"].task_states()["promote"] == "success"
     assert two.data.tags["posttrain.champion_version"] == ("2" if promoted else "1")
     assert {"holdout.pass1.math", "holdout.pass1.code", "holdout.pass1.field"} <= set(two.data.metrics)
     series = json.loads(

@@ -81,6 +81,18 @@ def test_nightly_and_refresh_wiring(dagbag) -> None:
     assert refresh.get_task("import_feedback").spec.argv("", None)[:3] == ["posttrain", "feedback", "import"]
 
 
+def test_the_loops_schedules_are_the_deployments() -> None:
+    from airflow.sdk import Asset
+    from airflow.timetables.assets import AssetOrTimeSchedule
+
+    from operators.pipeline import TASKSET_ASSET, nightly_schedule, refresh_schedule
+
+    clocked = nightly_schedule("30 3 * * 1-5")
+    assert isinstance(clocked, AssetOrTimeSchedule) and "30 3 * * 1-5" in clocked.summary
+    assert nightly_schedule("off") is TASKSET_ASSET and isinstance(nightly_schedule(""), Asset)
+    assert refresh_schedule("@daily") == "@daily" and refresh_schedule("off") is None
+
+
 def test_stage_configs_from_params() -> None:
     from training.profiles import TINY
 
