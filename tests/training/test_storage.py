@@ -127,6 +127,17 @@ WRITER = textwrap.dedent("""
     from pathlib import Path
     from training import storage
     uri, big = sys.argv[1], Path(sys.argv[2])
+    if os.environ.get("PAUSE_MID_COPY"):
+        # A local copy of 300 MB takes a fraction of a second (sendfile), too short to kill reliably: the copy
+        # writes its first MiB into the temporary file, says so, and waits there to be killed.
+        import shutil, time
+        def copy_then_wait(src, dst):
+            with open(src, "rb") as s, open(dst, "wb") as d:
+                d.write(s.read(1 << 20))
+                d.flush()
+                print("mid-copy", flush=True)
+                time.sleep(600)
+        shutil.copyfile = copy_then_wait
     w = storage.ManifestWriter(uri)
     w.put_bytes(b"small first file", "config.json")
     print("uploading", flush=True)
@@ -151,7 +162,11 @@ def test_sigkill_mid_upload_leaves_nothing_a_reader_accepts(scheme, request, tmp
         [sys.executable, str(script), stage_uri, str(big)],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(Path(__file__).parents[1]),
+            **({"PAUSE_MID_COPY": "1"} if scheme == "file" else {}),
+        },
     )
     assert proc.stdout.readline().strip() == "uploading"
     loc = storage.locate(stage_uri)
@@ -162,12 +177,10 @@ def test_sigkill_mid_upload_leaves_nothing_a_reader_accepts(scheme, request, tmp
             Bucket="posttrain", Prefix=loc.key()
         ).get("Uploads"):
             time.sleep(0.05)
+        time.sleep(0.2)
     else:
-        while time.monotonic() < deadline and not any(
-            p.name.endswith(".partial") for p in Path(loc.backend.root).glob(".*")
-        ):
-            time.sleep(0.01)
-    time.sleep(0.2)
+        assert proc.stdout.readline().strip() == "mid-copy"
+        assert any(p.name.endswith(".partial") for p in Path(loc.backend.root).glob(".*"))
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     assert proc.returncode == -signal.SIGKILL
