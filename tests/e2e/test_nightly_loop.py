@@ -199,10 +199,6 @@ def loop(tmp_path_factory):
         }  # fmt: skip
 
 
-def _result(dr: DagRun, task: str) -> dict:
-    return dr.result(task)
-
-
 def _splits(manifest, tmp: Path) -> dict[str, set[str]]:
     from training.tasksets.io import load_stage_tasks
 
@@ -227,11 +223,11 @@ def test_both_nights_run_with_the_recipes_preset(loop) -> None:
             dr = night[key]
             assert dr.state == "success", (n, key, dr.task_states())
         nightly = night["nightly"]
-        rl = storage.require_manifest(_result(nightly, "rl_round_1")["manifest_uri"].rsplit("/", 1)[0])
+        rl = storage.require_manifest(nightly.result("rl_round_1")["manifest_uri"].rsplit("/", 1)[0])
         # the <= 1.5B tier (the model's config.json sizes it), never the tiny profile's lr 2e-4 / hf engine
         assert rl.config["lr"] == 1e-6 and rl.config["beta"] == 0.001 and rl.config["rollout_engine"] == "auto"
         assert rl.config["gradient_checkpointing"] is True and rl.config["temperature"] == 1.0
-        ev = storage.require_manifest(_result(nightly, "evaluate")["manifest_uri"].rsplit("/", 1)[0])
+        ev = storage.require_manifest(nightly.result("evaluate")["manifest_uri"].rsplit("/", 1)[0])
         assert ev.config["model_name"] == loop["name"] and ev.config["batch_size"] == 64
         assert nightly.task_states()["gate"] == "success"
 
@@ -239,7 +235,7 @@ def test_both_nights_run_with_the_recipes_preset(loop) -> None:
 def test_the_holdout_does_not_move_and_never_meets_train(loop, tmp_path) -> None:
     sets = []
     for n, night in enumerate(loop["nights"], start=1):
-        built = _result(night["refresh"], "build_taskset")
+        built = night["refresh"].result("build_taskset")
         manifest = storage.require_manifest(built["manifest_uri"].rsplit("/", 1)[0])
         assert storage.read_json(manifest, "report.json")["split"]["mode"] == "hash"
         sets.append(_splits(manifest, tmp_path / str(n)))
@@ -254,7 +250,7 @@ def test_the_holdout_does_not_move_and_never_meets_train(loop, tmp_path) -> None
 
 
 def test_feedback_rows_become_tasks_and_the_field_slice_and_bad_rows_are_kept(loop, tmp_path) -> None:
-    first, second = (_result(n["refresh"], "import_feedback") for n in loop["nights"])
+    first, second = (n["refresh"].result("import_feedback") for n in loop["nights"])
     assert first["summary"]["batches"] == [] and second["summary"]["accepted"] == 5
     (batch,) = second["summary"]["batches"]
     manifest = storage.require_manifest(storage.join(f"s3://posttrain/feedback/{loop['name']}", batch))
@@ -266,7 +262,7 @@ def test_feedback_rows_become_tasks_and_the_field_slice_and_bad_rows_are_kept(lo
     report = storage.read_json(manifest, "report.json")
     assert any(e.startswith(f"{loop['inbox'] / '2026-12-05.jsonl'}:6: field 'prompt'") for e in report["examples"])
 
-    built = _result(loop["nights"][1]["refresh"], "build_taskset")
+    built = loop["nights"][1]["refresh"].result("build_taskset")
     taskset = storage.require_manifest(built["manifest_uri"].rsplit("/", 1)[0])
     fb = storage.read_json(taskset, "report.json")["feedback"]
     assert fb["tasks"] == 2 and fb["field"] == 3 and fb["field_verifiable"] == 2
@@ -274,11 +270,11 @@ def test_feedback_rows_become_tasks_and_the_field_slice_and_bad_rows_are_kept(lo
 
     # night 2's evaluation measured the field slice and the gate paired it with the champion
     nightly = loop["nights"][1]["nightly"]
-    ev = storage.require_manifest(_result(nightly, "evaluate")["manifest_uri"].rsplit("/", 1)[0])
+    ev = storage.require_manifest(nightly.result("evaluate")["manifest_uri"].rsplit("/", 1)[0])
     field = storage.read_json(ev, "report.json")["field"]
     assert field["records"] == 3 and field["production"]["failure_rate"] == pytest.approx((0.75 + 0 + 1) / 3)
     assert field["models"]["candidate"]["tasks"] == 2
-    gate = storage.require_manifest(_result(nightly, "gate")["manifest_uri"].rsplit("/", 1)[0])
+    gate = storage.require_manifest(nightly.result("gate")["manifest_uri"].rsplit("/", 1)[0])
     verdict = storage.read_bytes(gate, "verdict.md").decode()
     assert "field" in verdict
 
@@ -289,14 +285,14 @@ def test_each_night_names_what_it_started_from_and_the_history_is_plotted(loop, 
     client = MlflowClient()
     parents = []
     for night in loop["nights"]:
-        child = client.get_run(_result(night["nightly"], "evaluate")["mlflow_run_id"])
+        child = client.get_run(night["nightly"].result("evaluate")["mlflow_run_id"])
         parents.append(client.get_run(child.data.tags["mlflow.parentRunId"]))
     one, two = parents
-    built = [_result(n["refresh"], "build_taskset")["manifest_uri"].rsplit("/", 1)[0] for n in loop["nights"]]
+    built = [n["refresh"].result("build_taskset")["manifest_uri"].rsplit("/", 1)[0] for n in loop["nights"]]
     assert one.data.tags["posttrain.champion_version"] == "1"
     assert one.data.tags["posttrain.champion_source"] == loop["champion_uri"]
     assert [p.data.tags["posttrain.taskset_uri"] for p in parents] == built
-    (batch,) = _result(loop["nights"][1]["refresh"], "import_feedback")["summary"]["batches"]
+    (batch,) = loop["nights"][1]["refresh"].result("import_feedback")["summary"]["batches"]
     assert one.data.tags["posttrain.feedback_batches"] == "" and two.data.tags["posttrain.feedback_batches"] == batch
     # night 2 started from whichever champion night 1 left (promoted: version 2)
     promoted = loop["nights"][0]["nightly"].task_states()["promote"] == "success"
