@@ -46,6 +46,12 @@ class GRPOConfig(ConfigBase):
     micro_batch_size:   completions per forward/backward, whole groups, ordered by length and padded per
                         micro-batch (gradients accumulate across them; the loss equals the whole-batch loss);
                         0 = one micro-batch.
+    logprob_chunk_tokens: the update's log-probs (policy, old policy, reference) go through the output projection
+                        this many completion tokens at a time (training.modeling.chunked_logprobs), so no
+                        (tokens, vocabulary) fp32 logits live at once: at V = 151,936 those are 0.6 MB a token,
+                        kept for the backward. Equal to the full path to float rounding; 0 = the full path. A head
+                        that is not a plain Linear (LoRA on it, FSDP-sharded) or a logit transform after it takes
+                        the full path whatever this says.
     packed_groups:      lay each group out as one row (the prompt once, its completions back to back, a
                         block attention mask) instead of one padded row per completion: fewer tokens
                         through the model in the update (training.rl.grpo_batches). Needs eager or sdpa attention.
@@ -156,6 +162,7 @@ class GRPOConfig(ConfigBase):
     loss_agg: str = "token-mean"
     updates_per_batch: int = 1
     micro_batch_size: int = 64
+    logprob_chunk_tokens: int = 1024
     packed_groups: bool = True
     pack_where_cheaper: bool = True
     dynamic_sampling: bool = True
@@ -208,6 +215,8 @@ class GRPOConfig(ConfigBase):
             raise ValueError(f"rollout_correction {self.rollout_correction!r}: use auto, tis or none")
         if self.ref_device not in ("same", "cpu"):
             raise ValueError(f"ref_device {self.ref_device!r}: use same or cpu")
+        if self.logprob_chunk_tokens < 0:
+            raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = the full path), got {self.logprob_chunk_tokens}")
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if not 0.0 <= self.planted_share <= 1.0 or (self.planted_share > 0 and self.max_turns < 2):

@@ -28,12 +28,13 @@ whichever way costs fewer FLOPs (`packing_pays`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from training.modeling.chunked_logprobs import final_hidden, output_head, token_logprobs as chunked_token_logprobs
 from training.modeling.kv_cache import cache_kwarg, cache_of, select_cache_rows
 from training.rl import algorithms
 from training.rollout import Completion
@@ -180,40 +181,92 @@ def _right_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.
     return ids, mask
 
 
-def completion_logprobs(model: Any, batch: RolloutBatch | PackedGroups, temperature: float) -> torch.Tensor:
+def completion_logprobs(
+    model: Any, batch: RolloutBatch | PackedGroups, temperature: float, chunk_tokens: int = 0
+) -> torch.Tensor:
     """log pi(token | prefix) of every completion token, at the sampling temperature. Returns (N, L).
 
     Either layout equals the plain forward over [prompt | completion] (tested). In the padded layout with
     group_size G > 1 each prompt runs once and its KV cache is repeated for the G completions.
+
+    With `chunk_tokens` > 0 and a plain output head (training.modeling.chunked_logprobs.output_head), the model runs
+    to its final hidden state and the head's log-softmax is taken `chunk_tokens` positions at a time, on the
+    completion tokens under `completion_mask` only (0 elsewhere, where the loss never looks): no (T, V) logits
+    exist. Equal to the full path to float rounding (tested).
     """
     scale = temperature if temperature > 0 else 1.0
+    head = output_head(model) if chunk_tokens > 0 else None
     if isinstance(batch, PackedGroups):
-        logits = model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
-        ).logits  # (R, T, V)
+        inputs = {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "position_ids": batch.position_ids,
+        }
+        if head is not None:
+            hidden, _ = final_hidden(model, **inputs)  # (R, T, h)
+            rows = batch.row_of.unsqueeze(-1).expand_as(batch.predictor)  # (N, L)
+            return _at_mask(
+                batch.completion_mask,
+                lambda m: hidden[rows[m], batch.predictor[m]],
+                batch.completion_ids,
+                head,
+                scale,
+                chunk_tokens,
+            )
+        logits = model(**inputs).logits  # (R, T, V)
         # Normalise per position (R*T rows), then pick (row, predicting position, token): never materialises
         # the (N, L, V) logits of every completion, which is ~3x larger (prompts' last position is shared).
         logp = torch.log_softmax(logits.float() / scale, dim=-1)  # (R, T, V)
         return logp[batch.row_of.unsqueeze(-1), batch.predictor, batch.completion_ids]  # (N, L)
     P, G = batch.prompt_len, batch.group_size
+    targets = batch.input_ids[:, P:]  # (N, L)
     if G > 1:
-        shared = _shared_prompt_logits(model, batch)
-        if shared is not None:
-            return algorithms.token_logprobs(shared, batch.input_ids[:, P:], scale)  # (N, L)
+        shared = _shared_prompt_outputs(model, batch, head)
+        if shared is not None:  # (N, L, V) logits, or (N, L, h) hidden states with a head
+            if head is None:
+                return algorithms.token_logprobs(shared, targets, scale)  # (N, L)
+            return _at_mask(batch.completion_mask, lambda m: shared[m], targets, head, scale, chunk_tokens)
     ids, attn = batch.input_ids, batch.attention_mask  # (N, P+L)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (N, P+L) positions as the rollout engine assigns them
+    if head is not None:
+        hidden, _ = final_hidden(model, input_ids=ids, attention_mask=attn, position_ids=pos)  # (N, P+L, h)
+        predicting = hidden[:, P - 1 : -1]  # (N, L, h)
+        return _at_mask(batch.completion_mask, lambda m: predicting[m], targets, head, scale, chunk_tokens)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (N, P+L, V)
-    return algorithms.token_logprobs(logits[:, P - 1 : -1], ids[:, P:], scale)  # (N, L)
+    return algorithms.token_logprobs(logits[:, P - 1 : -1], targets, scale)  # (N, L)
 
 
-def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | None:
-    """Logits predicting each completion token, prompts computed once per group. None if the cache layout is
-    unknown (then the caller does the plain forward)."""
+def _at_mask(
+    mask: torch.Tensor,
+    hidden_at: Callable[[torch.Tensor], torch.Tensor],
+    targets: torch.Tensor,
+    head: torch.nn.Linear,
+    scale: float,
+    chunk: int,
+) -> torch.Tensor:
+    """(N, L) log-probs of `targets` where `mask` is set, through `head` in chunks; 0 elsewhere.
+    hidden_at(m) gives the (M, h) hidden states predicting the M masked tokens, in mask order."""
+    m = mask.bool()  # (N, L)
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)  # (N, L)
+    out[m] = chunked_token_logprobs(hidden_at(m), targets[m], head, scale, chunk)  # (M,)
+    return out
+
+
+def _shared_prompt_outputs(model: Any, batch: RolloutBatch, head: torch.nn.Linear | None) -> torch.Tensor | None:
+    """Logits predicting each completion token (N, L, V), or with a `head` the hidden states that predict
+    them (N, L, h), prompts computed once per group. None if the cache layout is unknown (then the caller does
+    the plain forward)."""
+
+    def forward(**inputs: Any) -> tuple[torch.Tensor, Any]:
+        if head is not None:
+            return final_hidden(model, **inputs)
+        out = model(**inputs)
+        return out.logits, out
 
     P, G = batch.prompt_len, batch.group_size
     p_ids, p_attn = batch.input_ids[::G, :P], batch.attention_mask[::G, :P]  # (B, P)
     p_pos = (p_attn.cumsum(-1) - 1).clamp(min=0)  # (B, P)
-    out = model(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, use_cache=True)
+    prompt_out, out = forward(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, use_cache=True)
     cache = cache_of(out)
     # each prompt's keys/values repeated for its G completions: (B*G, H, P, d) per layer
     if not select_cache_rows(cache, torch.arange(p_ids.shape[0], device=p_ids.device).repeat_interleave(G)):
@@ -221,15 +274,15 @@ def _shared_prompt_logits(model: Any, batch: RolloutBatch) -> torch.Tensor | Non
     c_ids = batch.input_ids[:, P:]  # (N, L)
     L = c_ids.shape[1]
     c_pos = p_pos[:, -1:].repeat_interleave(G, dim=0) + 1 + torch.arange(L, device=c_ids.device)  # (N, L)
-    rest = model(
+    rest, _ = forward(
         input_ids=c_ids,
         attention_mask=batch.attention_mask,
         position_ids=c_pos,
         use_cache=True,
         **{cache_kwarg(model): cache},
-    ).logits  # (N, L, V)
-    first = out.logits[:, -1:].repeat_interleave(G, dim=0)  # (N, 1, V) predicts completion token 0
-    return torch.cat([first, rest[:, :-1]], dim=1)  # (N, L, V)
+    )  # (N, L, V | h)
+    first = prompt_out[:, -1:].repeat_interleave(G, dim=0)  # (N, 1, V | h) predicts completion token 0
+    return torch.cat([first, rest[:, :-1]], dim=1)  # (N, L, V | h)
 
 
 def attention_pair_cost(model: Any) -> float:

@@ -26,13 +26,13 @@ from training.rl.grpo_batches import PackedGroups, RolloutBatch, completion_logp
 
 
 def reference_logprobs(
-    model: Any, ref_model: Any | None, chunk: RolloutBatch | PackedGroups, temperature: float
+    model: Any, ref_model: Any | None, chunk: RolloutBatch | PackedGroups, temperature: float, chunk_tokens: int = 0
 ) -> torch.Tensor:
     """log-probs under the KL reference: `ref_model` (on whatever device it lives), or with LoRA the policy's
     own base with adapters disabled. (n, L)."""
     if ref_model is None:
         with reference_mode(model):
-            return completion_logprobs(model, chunk, temperature)
+            return completion_logprobs(model, chunk, temperature, chunk_tokens)
     ref_device = next(ref_model.parameters()).device
     here = chunk.completion_mask.device
     if ref_device != here:  # an offloaded reference: run its forward where it lives
@@ -44,8 +44,8 @@ def reference_logprobs(
                 if isinstance(getattr(chunk, f.name), torch.Tensor)
             },
         )
-        return completion_logprobs(ref_model, moved, temperature).to(here)
-    return completion_logprobs(ref_model, chunk, temperature)
+        return completion_logprobs(ref_model, moved, temperature, chunk_tokens).to(here)
+    return completion_logprobs(ref_model, chunk, temperature, chunk_tokens)
 
 
 def use_tis(cfg: GRPOConfig, engine_name: str) -> bool:
@@ -83,11 +83,13 @@ def policy_update(
         has_ref = cfg.beta and (ref_model is not None or is_lora(model))
         with timer.phase("reference"):
             ref_logp = (
-                [reference_logprobs(model, ref_model, c, cfg.temperature) for c in chunks] if has_ref else None
+                [reference_logprobs(model, ref_model, c, cfg.temperature, cfg.logprob_chunk_tokens) for c in chunks]
+                if has_ref
+                else None
             )  # [(n, L_c)]
         with timer.phase("policy"):
             old_logp = (
-                [completion_logprobs(trainer, c, cfg.temperature) for c in chunks]
+                [completion_logprobs(trainer, c, cfg.temperature, cfg.logprob_chunk_tokens) for c in chunks]
                 if cfg.updates_per_batch > 1
                 else None
             )  # [(n, L_c)]
@@ -106,7 +108,7 @@ def policy_update(
             for j, c in enumerate(chunks):
                 mask = c.completion_mask.float()  # (n, L_c)
                 with autocast(device, compute_dtype):
-                    logp = completion_logprobs(trainer, c, cfg.temperature)  # (n, L_c)
+                    logp = completion_logprobs(trainer, c, cfg.temperature, cfg.logprob_chunk_tokens)  # (n, L_c)
                 old = old_logp[j] if old_logp is not None else logp.detach()  # (n, L_c)
                 weights = None
                 if tis and c.engine_logprobs is not None:

@@ -29,6 +29,7 @@ from training.environments import CodeRepairEnv, step_all
 from training.environments.code_repair import mirror_tasks, near_miss
 from training.modeling import distributed, models
 from training.modeling.chat import ChatSettings, PromptFormat
+from training.modeling.chunked_logprobs import final_hidden, output_head, token_logprobs as chunked_token_logprobs
 from training.modeling.devices import resolve_device
 from training.modeling.lora import LoraSettings, apply_lora
 from training.modeling.optimizers import adamw
@@ -91,6 +92,10 @@ class SFTConfig(ConfigBase):
     lora:              LoraSettings; off by default (the tiny profile trains from scratch).
     precision:         "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16" (training.modeling.precision).
     gradient_checkpointing: recompute activations in the backward pass (less memory, ~1/3 more compute).
+    logprob_chunk_tokens: the loss takes the output projection's log-softmax this many response tokens at a time
+                       (training.modeling.chunked_logprobs), so no (tokens, vocabulary) fp32 logits are kept for
+                       the backward; equal to the full path to float rounding. 0 = the full path (as does a head
+                       that is not a plain Linear, or a logit transform after it).
     keep_checkpoints:  mid-stage checkpoints kept (the newest N; older ones are deleted once a newer one is
                        complete). The stage's final model is its output and is always kept.
     device:            "cpu", "cuda" or "auto".
@@ -127,6 +132,7 @@ class SFTConfig(ConfigBase):
     lora: LoraSettings = field(default_factory=LoraSettings)
     precision: str = "auto"
     gradient_checkpointing: bool = False
+    logprob_chunk_tokens: int = 1024
     keep_checkpoints: int = 2
     device: str = "auto"
     parallel: distributed.ParallelConfig = field(default_factory=distributed.ParallelConfig)
@@ -223,18 +229,25 @@ def collate(rows: list[list[Example]], max_len: int, pad_id: int) -> Batch:
     return Batch(ids, loss, pos, attn[:, None])
 
 
-def response_loss(model: Any, batch: Batch) -> tuple[torch.Tensor, int]:
-    """Mean next-token cross-entropy over response tokens. Returns (loss, number of trained tokens)."""
-    logits = model(
-        input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=batch.attention_mask
-    ).logits  # (N, T, V)
+def response_loss(model: Any, batch: Batch, chunk_tokens: int = 0) -> tuple[torch.Tensor, int]:
+    """Mean next-token cross-entropy over response tokens. Returns (loss, number of trained tokens).
+    With `chunk_tokens` > 0 and a plain output head, only the response positions go through the head, that many
+    at a time (training.modeling.chunked_logprobs): no (T, V) logits exist. Equal to the full path to rounding."""
+    inputs = {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "attention_mask": batch.attention_mask}
     targets = batch.input_ids[:, 1:]  # (N, T-1)
-    mask = batch.loss_mask[:, 1:].float()  # (N, T-1) token t+1 is trained when it is a response token
+    mask = batch.loss_mask[:, 1:]  # (N, T-1) token t+1 is trained when it is a response token
+    n = int(mask.sum())
+    head = output_head(model) if chunk_tokens > 0 else None
+    if head is not None:
+        hidden, _ = final_hidden(model, **inputs)  # (N, T, h)
+        m = mask.bool()
+        logp = chunked_token_logprobs(hidden[:, :-1][m], targets[m], head, 1.0, chunk_tokens)  # (n,)
+        return -logp.sum() / max(n, 1), n
+    logits = model(**inputs).logits  # (N, T, V)
     nll = torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none"
     ).view_as(mask)  # (N, T-1)
-    n = int(mask.sum())
-    return (nll * mask).sum() / max(n, 1), n
+    return (nll * mask.float()).sum() / max(n, 1), n
 
 
 # ----- model --------------------------------------------------------------------------------------------------
@@ -441,7 +454,7 @@ def train(ctx: StageContext) -> dict[str, Any]:
         for group in optimizer.param_groups:
             group["lr"] = lr
         with autocast(device, compute_dtype):
-            loss, n_tok = response_loss(trainer, batch)
+            loss, n_tok = response_loss(trainer, batch, cfg.logprob_chunk_tokens)
         optimizer.zero_grad(set_to_none=True)
         if world > 1:
             # The global token mean: this rank's token sum over all ranks' tokens, times N (DDP/FSDP average).
