@@ -46,6 +46,10 @@ class GRPOConfig(ConfigBase):
     micro_batch_size:   completions per forward/backward, whole groups, ordered by length and padded per
                         micro-batch (gradients accumulate across them; the loss equals the whole-batch loss);
                         0 = one micro-batch.
+    max_tokens_per_micro_batch: > 0: micro-batches hold at most this many tokens as laid out (rows x the
+                        longest row, padding included) instead of `micro_batch_size` completions, and a group may
+                        span micro-batches (training.rl.grpo_batches.token_budget_plan): at reasoning lengths one
+                        group of G long completions is already more than a device holds. 0 = by completions.
     logprob_chunk_tokens: the update's log-probs (policy, old policy, reference) go through the output projection
                         this many completion tokens at a time (training.modeling.chunked_logprobs), so no
                         (tokens, vocabulary) fp32 logits live at once: at V = 151,936 those are 0.6 MB a token,
@@ -162,6 +166,7 @@ class GRPOConfig(ConfigBase):
     loss_agg: str = "token-mean"
     updates_per_batch: int = 1
     micro_batch_size: int = 64
+    max_tokens_per_micro_batch: int = 0
     logprob_chunk_tokens: int = 1024
     packed_groups: bool = True
     pack_where_cheaper: bool = True
@@ -215,6 +220,10 @@ class GRPOConfig(ConfigBase):
             raise ValueError(f"rollout_correction {self.rollout_correction!r}: use auto, tis or none")
         if self.ref_device not in ("same", "cpu"):
             raise ValueError(f"ref_device {self.ref_device!r}: use same or cpu")
+        if self.max_tokens_per_micro_batch < 0:
+            raise ValueError(
+                f"max_tokens_per_micro_batch must be >= 0 (0 = by completions), got {self.max_tokens_per_micro_batch}"
+            )
         if self.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = the full path), got {self.logprob_chunk_tokens}")
         if self.max_turns < 1:

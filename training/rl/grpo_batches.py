@@ -15,8 +15,9 @@ A step's rollouts come in groups: G completions of one prompt. Two layouts give 
 - padded: one row per completion, [left-padded prompt | right-padded completion]; with group_size G > 1 the
   prompts run once and their KV cache is repeated for the G completions.
 
-`micro_batches` splits a step's groups into micro-batches of whole groups, ordered by length so each is
-padded only to its own longest row; `completion_logprobs` gives log pi(token | prefix) for either layout.
+`micro_batches` splits a step's groups into micro-batches, of whole groups by completion count or, with a
+token budget, of at most that many tokens as laid out (a group may then span micro-batches), ordered by length
+so each is padded only to its own longest row; `completion_logprobs` gives log pi(token | prefix) for either layout.
 
 Packing is not free: attention under a 4D mask costs every (query, key) pair of the row, masked or not, and a
 packed row is G completions long, so its attention grows with (P + G*L)^2 against G*L*(P+L) padded. When the
@@ -316,6 +317,46 @@ def takes_4d_mask(model: Any) -> bool:
     return getattr(getattr(model, "config", None), "_attn_implementation", None) in (None, "eager", "sdpa")
 
 
+def token_budget_plan(
+    prompt_lens: Sequence[int], completion_lens: Sequence[Sequence[int]], budget: int, packed: bool
+) -> list[list[tuple[int, list[int]]]]:
+    """Micro-batches of at most `budget` tokens as laid out (rows x the longest row, padding included): each is
+    a list of (group, its completions in this micro-batch). A group may span micro-batches: its prompt is laid
+    out again with each share. Packed, a row is a group's prompt and completions back to back, cut where the
+    next completion would pass the budget; padded, a row is one completion after its prompt. Rows are taken
+    shortest first, so a micro-batch is padded only to rows about as long as its own. A single row longer than
+    the budget gets a micro-batch of its own (nothing is cut)."""
+    rows: list[tuple[int, int, int, list[int]]] = []  # (prompt, completion tokens, group, completions)
+    for g, (p, lens) in enumerate(zip(prompt_lens, completion_lens)):
+        if not packed:
+            rows += [(p, n, g, [j]) for j, n in enumerate(lens)]
+            continue
+        share: list[int] = []
+        used = 0
+        for j, n in enumerate(lens):
+            if share and p + used + n > budget:
+                rows.append((p, used, g, share))
+                share, used = [], 0
+            share.append(j)
+            used += n
+        rows.append((p, used, g, share))
+
+    def laid_out(members: list[tuple[int, int, int, list[int]]]) -> int:
+        """Tokens of these rows as laid out: packed rows are right-padded to the longest; padded rows have their
+        prompts left-padded to the longest prompt and their completions right-padded to the longest one."""
+        if packed:
+            return len(members) * max(p + n for p, n, _, _ in members)
+        return len(members) * (max(p for p, _, _, _ in members) + max(n for _, n, _, _ in members))
+
+    plan: list[list[tuple[int, int, int, list[int]]]] = []
+    for row in sorted(rows, key=lambda r: (r[0] + r[1], r[2], r[3])):
+        if plan and laid_out(plan[-1] + [row]) <= budget:
+            plan[-1].append(row)
+        else:
+            plan.append([row])
+    return [[(g, share) for _, _, g, share in members] for members in plan]
+
+
 def micro_batches(
     tokenizer: Any,
     prompts: Sequence[Prompt],
@@ -326,32 +367,52 @@ def micro_batches(
     packed: bool = True,
     dtype: torch.dtype = torch.float32,
     pair_cost: float = 0.0,
+    max_tokens: int = 0,
 ) -> list[RolloutBatch | PackedGroups]:
     """Split a step's groups (prompts[g] with its completions groups[g]; advantages (N,) group-major) into
-    micro-batches of about `size` completions (0 = one micro-batch), whole groups only, ordered by length so
-    each is padded only to its own longest row. The loss is a sum over completions, so order is free.
-    With `packed` and a `pair_cost` > 0 (attention_pair_cost), each micro-batch is packed only where that
-    costs fewer FLOPs than padding (packing_pays); pair_cost 0 packs every micro-batch."""
+    micro-batches. The loss is a sum over completions with one normaliser for the step, so the split and the
+    order are free (the accumulated gradient is the whole batch's).
+
+    - `max_tokens` > 0: micro-batches of at most that many tokens as laid out (token_budget_plan); a group may
+      span micro-batches. The layout (packed or padded) is chosen once for the step.
+    - else about `size` completions (0 = one micro-batch), whole groups only, ordered by length so each is
+      padded only to its own longest row.
+
+    With `packed` and a `pair_cost` > 0 (attention_pair_cost), a micro-batch is packed only where that costs
+    fewer FLOPs than padding (packing_pays); pair_cost 0 packs every micro-batch."""
     G = len(groups[0])
     p_ids = prompt_ids(tokenizer, prompts)
     tokens = [[c.token_ids for c in g] for g in groups]
-    length = [len(p) + (sum(map(len, t)) if packed else max(map(len, t))) for p, t in zip(p_ids, tokens)]
-    order = sorted(range(len(groups)), key=lambda g: (length[g], g))
-    per = max(1, (size or G * len(groups)) // G)
-    out: list[RolloutBatch | PackedGroups] = []
-    for k in range(0, len(groups), per):
-        chosen = order[k : k + per]
-        adv = advantages[[g * G + j for g in chosen for j in range(G)]]
-        batch: RolloutBatch | PackedGroups
-        flat = [c for g in chosen for c in groups[g]]
-        if packed and (
+
+    def pays(chosen: Sequence[int]) -> bool:
+        return packed and (
             not pair_cost
             or packing_pays([len(p_ids[g]) for g in chosen], [[len(t) for t in tokens[g]] for g in chosen], pair_cost)
-        ):
+        )
+
+    plan: list[tuple[list[tuple[int, list[int]]], bool]]  # (pieces, packed)
+    if max_tokens > 0:
+        layout = pays(range(len(groups)))
+        lens = [[len(t) for t in g] for g in tokens]
+        plan = [(m, layout) for m in token_budget_plan([len(p) for p in p_ids], lens, max_tokens, layout)]
+    else:
+        length = [len(p) + (sum(map(len, t)) if packed else max(map(len, t))) for p, t in zip(p_ids, tokens)]
+        order = sorted(range(len(groups)), key=lambda g: (length[g], g))
+        per = max(1, (size or G * len(groups)) // G)
+        plan = []
+        for k in range(0, len(groups), per):
+            chosen = order[k : k + per]
+            plan.append(([(g, list(range(G))) for g in chosen], pays(chosen)))
+    out: list[RolloutBatch | PackedGroups] = []
+    for pieces, as_packed in plan:
+        adv = advantages[[g * G + j for g, share in pieces for j in share]]
+        flat = [groups[g][j] for g, share in pieces for j in share]
+        batch: RolloutBatch | PackedGroups
+        if as_packed:
             longest = max(1, max(len(c.token_ids) for c in flat))
             packed_batch = pack_groups(
-                [p_ids[g] for g in chosen],
-                [tokens[g] for g in chosen],
+                [p_ids[g] for g, _ in pieces],
+                [[tokens[g][j] for j in share] for g, share in pieces],
                 adv,
                 tokenizer.pad_token_id,
                 device,
@@ -361,8 +422,14 @@ def micro_batches(
             packed_batch.engine_logprobs = engine_logprobs(flat, packed_batch.completion_ids.shape[1]).to(device)
             batch = packed_batch
         else:
+            whole = all(len(share) == G for _, share in pieces)  # the shared-prompt forward needs whole groups
             batch = build_batch(
-                tokenizer, [p_ids[g] for g in chosen for _ in range(G)], flat, adv, device, group_size=G
+                tokenizer,
+                [p_ids[g] for g, share in pieces for _ in share],
+                flat,
+                adv,
+                device,
+                group_size=G if whole else 1,
             )
         out.append(batch)
     return out

@@ -408,6 +408,7 @@ class Round:
                 cfg.packed_groups and takes_4d_mask(self.model),
                 next(self.model.parameters()).dtype,
                 pair_cost=self.pair_cost,
+                max_tokens=cfg.max_tokens_per_micro_batch,
             )
 
         if distributed.world_size() == 1:

@@ -80,6 +80,9 @@ class SFTConfig(ConfigBase):
                        each other ("packing with attention masking", as in Krell et al. 2021, "Efficient
                        Sequence Packing without Cross-contamination").
     batch_size:        rows per optimizer step.
+    gradient_accumulation_steps: forward/backward passes per optimizer step, each over batch_size / k rows
+                       (per rank); the loss is the token mean of the whole step, so k passes train exactly as one
+                       does, with 1/k of the activation memory.
     max_steps:         optimizer steps. The tiny profile under-trains a little on purpose so that RL has headroom.
     lr, min_lr_ratio:  peak AdamW learning rate; cosine decay to lr * min_lr_ratio (Loshchilov & Hutter 2017,
                        SGDR) after `warmup_steps` of linear warm-up (Goyal et al. 2017). 1.0 = constant LR
@@ -120,6 +123,7 @@ class SFTConfig(ConfigBase):
     repair_mirrors: bool = False
     packing: bool = True
     batch_size: int = 16
+    gradient_accumulation_steps: int = 1
     max_steps: int = 300
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -147,6 +151,8 @@ class SFTConfig(ConfigBase):
                 f"sft: long_context_share must be >= 0 and long_context_fractions in (0, 1], got "
                 f"{self.long_context_share} and {self.long_context_fractions}"
             )
+        if self.gradient_accumulation_steps < 1:
+            raise ValueError(f"sft: gradient_accumulation_steps must be >= 1, got {self.gradient_accumulation_steps}")
         if self.repair_share < 0:
             raise ValueError(f"sft: repair_share must be >= 0, got {self.repair_share}")
 
@@ -189,6 +195,9 @@ class Batch:
     loss_mask: torch.Tensor  # (N, T) 1 on tokens whose prediction is trained
     position_ids: torch.Tensor  # (N, T)
     attention_mask: torch.Tensor  # (N, 1, T, T) bool, block-diagonal causal
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(x.to(device) for x in (self.input_ids, self.loss_mask, self.position_ids, self.attention_mask)))
 
 
 def pack(examples: list[Example], max_len: int, pad_id: int, packing: bool = True) -> list[list[Example]]:
@@ -436,35 +445,36 @@ def train(ctx: StageContext) -> dict[str, Any]:
 
     steps_per_epoch = max(1, len(rows_for_epoch(0)) // cfg.batch_size)
 
-    def batch_at(step: int) -> Batch:
-        """The batch of step `step`: a pure function of (seed, step), so a resumed run replays the same data.
-        Under N ranks, this rank's share of it (rows rank, rank+N, ...)."""
+    def passes_at(step: int) -> list[Batch]:
+        """The batch of step `step`, as `gradient_accumulation_steps` passes: a pure function of (seed, step),
+        so a resumed run replays the same data. Under N ranks, this rank's share of it (rows rank, rank+N, ...)."""
         epoch, k = divmod(step, steps_per_epoch)
-        rows = rows_for_epoch(epoch)[k * cfg.batch_size : (k + 1) * cfg.batch_size]
-        return collate(distributed.shard(rows), cfg.max_seq_len, tokenizer.pad_token_id)
+        rows = distributed.shard(rows_for_epoch(epoch)[k * cfg.batch_size : (k + 1) * cfg.batch_size])
+        per = -(-len(rows) // cfg.gradient_accumulation_steps)
+        return [collate(rows[i : i + per], cfg.max_seq_len, tokenizer.pad_token_id) for i in range(0, len(rows), per)]
 
     t0, tokens_seen, loss_sum, loss_n = time.monotonic(), 0, 0.0, 0
     last_loss = float("nan")
     for step in range(start_step, cfg.max_steps):
-        batch = batch_at(step)
-        batch = Batch(
-            *(x.to(device) for x in (batch.input_ids, batch.loss_mask, batch.position_ids, batch.attention_mask))
-        )
+        passes = [b.to(device) for b in passes_at(step)]
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        with autocast(device, compute_dtype):
-            loss, n_tok = response_loss(trainer, batch, cfg.logprob_chunk_tokens)
         optimizer.zero_grad(set_to_none=True)
+        # The step's loss is the token mean over all its passes (and ranks): each pass's mean is weighted by its
+        # share of the step's tokens, so k passes give one big batch's gradient (tested). Under N ranks the
+        # share is of all ranks' tokens, times N for DDP/FSDP's average.
+        counts = [int(b.loss_mask[:, 1:].sum()) for b in passes]
+        n_tok = int(distributed.sum_over_ranks(sum(counts))) if world > 1 else sum(counts)
+        step_loss = 0.0
+        for b, count in zip(passes, counts):
+            with autocast(device, compute_dtype):
+                loss, _ = response_loss(trainer, b, cfg.logprob_chunk_tokens)
+            (loss * (count * world / max(n_tok, 1))).backward()
+            step_loss += loss.item() * count
         if world > 1:
-            # The global token mean: this rank's token sum over all ranks' tokens, times N (DDP/FSDP average).
-            n_all = distributed.sum_over_ranks(n_tok)
-            (loss * (n_tok * world / max(n_all, 1))).backward()
-            step_loss = distributed.sum_over_ranks(loss.item() * n_tok) / max(n_all, 1)
-            n_tok = int(n_all)
-        else:
-            loss.backward()
-            step_loss = loss.item()
+            step_loss = distributed.sum_over_ranks(step_loss)
+        step_loss /= max(n_tok, 1)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in model.parameters() if p.requires_grad], cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         )

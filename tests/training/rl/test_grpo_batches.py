@@ -151,3 +151,52 @@ def test_tiny_profile_packs_every_micro_batch_and_the_default_packs_where_cheape
     # the tiny profile's lift figures were measured with every micro-batch packed: its update keeps that layout
     assert from_dict(GRPOConfig, preset("tiny", "rl_round_1")).pack_where_cheaper is False
     assert GRPOConfig().pack_where_cheaper is True
+
+
+def test_token_budget_plan_by_hand() -> None:
+    from training.rl.grpo_batches import token_budget_plan
+
+    # packed, budget 12: group 0 (prompt 4; completions 3, 3, 5) is cut before the 5 (4+3+3+5 = 15 > 12), so
+    # its rows are [0, 1] (10 tokens) and [2] (9); group 1 (prompt 2; 1, 1) is one row of 4.
+    # Shortest first: [g1] (4), then g0's [2] (9): 2 rows x 9 = 18 > 12, a new micro-batch; then [0, 1] (10).
+    plan = token_budget_plan([4, 2], [[3, 3, 5], [1, 1]], 12, packed=True)
+    assert plan == [[(1, [0, 1])], [(0, [2])], [(0, [0, 1])]]
+    # padded, budget 12: rows are one completion each (prompt + completion): 7, 7, 9 and 3, 3
+    # shortest first: 3, 3 (2 x 3), then 7 (3 x 7 = 21 > 12: new), 7 (2 x 7 = 14 > 12: new), 9 (new)
+    plan = token_budget_plan([4, 2], [[3, 3, 5], [1, 1]], 12, packed=False)
+    assert plan == [[(1, [0]), (1, [1])], [(0, [0])], [(0, [1])], [(0, [2])]]
+    # a row longer than the budget is never cut: it gets a micro-batch of its own
+    assert token_budget_plan([4], [[30, 2]], 10, packed=True) == [[(0, [1])], [(0, [0])]]
+    # padded rows are laid out as (longest prompt + longest completion): prompts 9 and 1, completions 1 and 9 are
+    # 10 tokens each alone but 2 x (9 + 9) = 36 together
+    assert len(token_budget_plan([9, 1], [[1], [9]], 30, packed=False)) == 2
+    # a budget that holds everything: one micro-batch
+    assert token_budget_plan([4, 2], [[3, 3, 5], [1, 1]], 1000, packed=True) == [[(1, [0, 1]), (0, [0, 1, 2])]]
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_token_budget_split_gives_the_one_micro_batch_update(engine, packed: bool, loss_agg: str) -> None:
+    """Groups split across micro-batches by a token budget: the same loss and new weights as one micro-batch."""
+    groups, comps, _ = _rollouts(engine, n=4)
+    adv = torch.randn(len(comps))
+    results = []
+    for budget in (0, 24):
+        model = copy.deepcopy(engine.model).train()
+        ref = copy.deepcopy(engine.model).eval().requires_grad_(False)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        chunks = micro_batches(
+            engine.tokenizer, PROMPTS, groups, adv, torch.device("cpu"), size=0, packed=packed, max_tokens=budget
+        )
+        if budget:
+            assert len(chunks) > len(PROMPTS)  # groups were split
+            assert all(c.input_ids.numel() <= budget or c.completion_mask.shape[0] == 1 for c in chunks)
+        assert sum(c.completion_mask.shape[0] for c in chunks) == len(comps)
+        stats = policy_update(model, ref, opt, chunks, GRPOConfig(beta=0.05, loss_agg=loss_agg))
+        results.append((stats, [p.detach().clone() for p in model.parameters()]))
+    (s1, w1), (s2, w2) = results
+    assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-6) and s1["grad_norm"] == pytest.approx(
+        s2["grad_norm"], rel=1e-5
+    )
+    for x, y in zip(w1, w2):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)  # after Adam's normalisation

@@ -253,3 +253,26 @@ def test_chat_instructions_come_from_the_verifiers_unless_named() -> None:
     assert chat_for(off, tasks) is off
     on = ChatSettings(instructions={"math": "Box it."}, from_verifiers=True)
     assert chat_for(on, tasks).instructions == {"math": "Box it.", "python_hard": get_verifier("code").instruction}
+
+
+def test_gradient_accumulation_trains_the_weights_one_pass_does(taskset_run, tmp_path) -> None:
+    """1, 2 and 4 passes a step over the same rows: the same loss and final weights (to float rounding, the
+    passes' sums are grouped differently), through the whole stage."""
+    from tests.training.conftest import commit_taskset, make_tasks, split_tasks
+
+    states, losses = [], []
+    for k in (1, 2, 4):
+        run = f"file://{tmp_path}/run-{k}"
+        commit_taskset(run, *split_tasks(make_tasks()))
+        result = stage.run_stage("sft", SFTConfig(**{**SMALL, "gradient_accumulation_steps": k}), run, train)
+        states.append(_final_state(run))
+        losses.append(result.summary["final_loss"])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5) and losses[2] == pytest.approx(losses[0], rel=1e-5)
+    for other in states[1:]:
+        for name in states[0]:
+            torch.testing.assert_close(other[name], states[0][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_gradient_accumulation_must_be_at_least_one() -> None:
+    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+        SFTConfig(gradient_accumulation_steps=0)
