@@ -12,6 +12,7 @@ from training.environments import environment_names
 from training.modeling import distributed
 from training.modeling.lora import LoraSettings
 from training.rl import algorithms
+from training.rl.overlong import TRUNCATED
 from training.rollout import ENGINES
 
 ANSWER_CREDITS = ("episode", "final", "turn")  # GRPOConfig.answer_credit
@@ -26,6 +27,14 @@ class GRPOConfig(ConfigBase):
     prompts_per_step:   groups (prompts) per update, B.
     samples_per_prompt: completions per prompt, G (GRPO's group size; Shao et al. 2024, "DeepSeekMath").
     max_new_tokens:     completion length cap for rollouts and the holdout check.
+    overlong_buffer:    DAPO's soft overlong punishment (training/rl/overlong.py): over the last this-many tokens
+                        before max_new_tokens the reward falls linearly to -overlong_penalty (a completion the cap
+                        cut gets all of it), so the policy learns to finish inside its budget. 0 = off. Single-turn
+                        rounds only (an episode's length is its answers' and the environment's).
+    overlong_penalty:   the soft punishment's full size, in reward units.
+    truncated:          "keep" (a completion the cap cut trains like any other) or "mask" (DAPO's overlong
+                        filtering: its tokens leave the loss; it still counts in its group's advantages). The share
+                        cut is logged every step as rollout/length_cut_frac.
     temperature, top_p: rollout sampling; the policy log-probs use the same temperature (as TRL does).
     lr, weight_decay, betas, grad_clip: AdamW and global-norm clipping, constant LR after `warmup_steps`. Keep lr
                         low on small models: each Adam step moves every weight by ~lr whatever the signal, and
@@ -89,6 +98,10 @@ class GRPOConfig(ConfigBase):
                         forward runs on the CPU, freeing accelerator memory for the policy).
     precision:          "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16".
     gradient_checkpointing: recompute activations in the backward pass.
+    optimizer_offload:  keep AdamW's state and an fp32 master copy of the weights in CPU memory
+                        (training.modeling.optimizers.CPUOffloadAdamW): the device holds the weights and gradients
+                        only, at the cost of a host round trip a step. For full fine-tuning of the 8B tier on one
+                        GPU; the same updates as on the device.
     checkpoint_every:   steps between resumable checkpoints (0 = none).
     keep_checkpoints:   mid-round checkpoints kept (the newest N); the round's final model is always kept.
     holdout_per_domain: holdout tasks per domain for the end-of-round check (0 = all).
@@ -150,6 +163,9 @@ class GRPOConfig(ConfigBase):
     prompts_per_step: int = 32
     samples_per_prompt: int = 8
     max_new_tokens: int = 40
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    truncated: str = "keep"
     temperature: float = 1.0
     top_p: float = 1.0
     lr: float = 2e-4
@@ -185,6 +201,7 @@ class GRPOConfig(ConfigBase):
     ref_device: str = "same"
     precision: str = "auto"
     gradient_checkpointing: bool = False
+    optimizer_offload: bool = False
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     holdout_per_domain: int = 0
@@ -220,6 +237,12 @@ class GRPOConfig(ConfigBase):
             raise ValueError(f"rollout_correction {self.rollout_correction!r}: use auto, tis or none")
         if self.ref_device not in ("same", "cpu"):
             raise ValueError(f"ref_device {self.ref_device!r}: use same or cpu")
+        if self.truncated not in TRUNCATED:
+            raise ValueError(f"truncated {self.truncated!r}: use one of {', '.join(TRUNCATED)}")
+        if not 0 <= self.overlong_buffer < self.max_new_tokens:
+            raise ValueError(
+                f"overlong_buffer must be in [0, max_new_tokens={self.max_new_tokens}), got {self.overlong_buffer}"
+            )
         if self.max_tokens_per_micro_batch < 0:
             raise ValueError(
                 f"max_tokens_per_micro_batch must be >= 0 (0 = by completions), got {self.max_tokens_per_micro_batch}"

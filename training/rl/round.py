@@ -36,6 +36,7 @@ from training.rl.config import GRPOConfig
 from training.rl.credit import FirstSplit, Group, assign_credit, first_answer_rewards, informative_groups
 from training.rl.curriculum import Curriculum, domain_counts, pick_prompts
 from training.rl.grpo_batches import PackedGroups, RolloutBatch, attention_pair_cost, micro_batches, takes_4d_mask
+from training.rl.overlong import masked_if_truncated, shaped_rewards
 from training.rl.update import policy_update, use_tis
 from training.rollout import Completion, make_engine, resolve_engine
 from training.rollout.base import length_cut_share
@@ -158,7 +159,7 @@ class Round:
         unknown = sorted(set(cfg.domain_weights) - set(pool))
         if unknown:
             raise ValueError(f"domain_weights name domains {unknown} absent from the train split {sorted(pool)}")
-        optimizer = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay)
+        optimizer = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay, offload=cfg.optimizer_offload)
         engine_name = resolve_engine(cfg.rollout_engine, device)
         rollout_model = model if rollout_model is None else rollout_model
         engine = make_engine(
@@ -223,7 +224,14 @@ class Round:
             rng = random.Random(derive_seed(cfg.seed, self.round, step, draw, "prompts"))
             tasks = pick_prompts(self.pool, counts, self.curriculum if cfg.curriculum else None, rng)
             self.last_draw = d = self.rollouts(tasks, step, draw)
-            rewards = torch.tensor(d.scores, dtype=torch.float32).view(len(tasks), G)  # (B, G)
+            scores = list(d.scores)
+            if cfg.overlong_buffer and cfg.max_turns == 1:  # DAPO's soft overlong punishment (training/rl/overlong.py)
+                flat = [c for g in d.groups for c in g]
+                scores, pens = shaped_rewards(
+                    scores, flat, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
+                )
+                samples.components["overlong_penalty"] += pens
+            rewards = torch.tensor(scores, dtype=torch.float32).view(len(tasks), G)  # (B, G)
             self.samples_seen += rewards.numel()
             planted = d.planted(G)
             for t, r in zip(tasks, rewards.tolist()):
@@ -401,7 +409,7 @@ class Round:
             return micro_batches(
                 self.tokenizer,
                 [openings.get(kept[i][0].id) or self.prompt_ids(kept[i][0]) for i in idx],
-                [kept[i][1] for i in idx],
+                [[masked_if_truncated(c) for c in kept[i][1]] if cfg.truncated == "mask" else kept[i][1] for i in idx],
                 adv[idx].flatten(),
                 self.device,
                 cfg.micro_batch_size,

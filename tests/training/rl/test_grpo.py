@@ -17,6 +17,7 @@ import torch
 from training import stage, storage
 from training.modeling import models
 from training.rl.config import GRPOConfig
+from training.rl.credit import assign_credit
 from training.rl.curriculum import Curriculum, domain_counts, pick_prompts
 from training.rl.round import Round, derive_seed
 from training.stages.rl_round import run_round
@@ -125,6 +126,42 @@ def test_step_updates_policy_and_is_deterministic(tiny_model, monkeypatch) -> No
     assert sum(v for k, v in m1.items() if k.startswith("time/")) <= m1["step_seconds"] + 0.05
     assert all(torch.equal(s1[k], s2[k]) for k in s1)
     assert any(not torch.equal(s1[k], model.state_dict()[k]) for k in s1)
+
+
+def test_overlong_shaping_and_filtering_in_a_step(tiny_model, monkeypatch) -> None:
+    """With max_new_tokens 6 an untrained model is cut at the cap nearly always: the soft punishment lowers those
+    rewards by the full penalty (buffer 2: length 6 is -1), and `truncated: mask` takes their tokens out of the
+    update's loss mask while they still count in the group."""
+    import copy
+
+    import training.rewards
+    from tests.training.conftest import make_tasks
+    from training.rl.overlong import overlong_penalty
+
+    monkeypatch.setattr(training.rewards, "score_tasks", lambda tasks, texts: [float(len(t) % 2) for t in texts])
+    model, tok = tiny_model
+    cfg = GRPOConfig(
+        prompts_per_step=4,
+        samples_per_prompt=4,
+        max_new_tokens=6,
+        dynamic_sampling=False,
+        device="cpu",
+        overlong_buffer=2,
+        overlong_penalty=1.0,
+        truncated="mask",
+    )
+    rnd = Round.build(cfg, 1, copy.deepcopy(model).train(), tok, None, make_tasks(), torch.device("cpu"))
+    samples = rnd.sample(0)
+    flat = [c for _, g, _ in samples.kept for c in g]
+    want = [overlong_penalty(len(c.token_ids), 6, 2) for c in flat]
+    assert samples.components["overlong_penalty"] == want and min(want) == -1.0
+    texts_reward = training.rewards.score_tasks(None, [c.text for c in flat])
+    assert [r for _, _, rs in samples.kept for r in rs] == pytest.approx([r + p for r, p in zip(texts_reward, want)])
+    kept, adv = assign_credit(samples.kept, samples.splits, cfg)
+    chunks, _ = rnd.update_chunks(kept, adv)
+    masks = torch.cat([c.completion_mask.sum(-1) for c in chunks])  # tokens in the loss, per completion
+    cut = sorted(c.finish_reason == "length" for c in flat)
+    assert sorted((masks == 0).tolist()) == cut and any(cut)
 
 
 @pytest.fixture

@@ -276,3 +276,15 @@ def test_gradient_accumulation_trains_the_weights_one_pass_does(taskset_run, tmp
 def test_gradient_accumulation_must_be_at_least_one() -> None:
     with pytest.raises(ValueError, match="gradient_accumulation_steps"):
         SFTConfig(gradient_accumulation_steps=0)
+
+
+def test_an_offloaded_optimizer_trains_the_weights_the_device_one_does(taskset_run, tmp_path) -> None:
+    from tests.training.conftest import commit_taskset, make_tasks, split_tasks
+
+    other = f"file://{tmp_path}/offloaded"
+    commit_taskset(other, *split_tasks(make_tasks()))
+    stage.run_stage("sft", SFTConfig(**SMALL), taskset_run, train)
+    stage.run_stage("sft", SFTConfig(**{**SMALL, "optimizer_offload": True}), other, train)
+    a, b = _final_state(taskset_run), _final_state(other)
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], atol=1e-6, rtol=1e-5, msg=name)
