@@ -68,31 +68,45 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {"tiny": TINY, "data": {}}
 # a parameter: 128 GB), so the 8B tier uses LoRA.
 # Chat instructions come from each domain's verifier (`Verifier.instruction`: math's \boxed{}, code's fenced
 # block, a user's own), resolved by SFT and saved with the model (ChatSettings.from_verifiers).
+# Reasoning lengths. Chains of thought run to thousands of tokens: the presets train SFT rows of up to 8,192
+# tokens and RL completions of up to 8,192 (<= 1.5B) or 4,096 tokens, as DAPO (20k), DeepSeek-R1-style recipes and
+# verl's long-CoT examples (4k-8k at <= 8B) do. What makes that fit one GPU: the head's log-softmax in chunks
+# (logprob_chunk_tokens), micro-batches by tokens (max_tokens_per_micro_batch, sized so one pass is about 32k
+# tokens at <= 1.5B, less above), SFT gradient accumulation, gradient checkpointing, and LoRA at 8B. DAPO's soft
+# overlong punishment takes the last eighth of the budget (DAPO: a 4k buffer under a 20k cap), so a chain learns
+# to finish inside it; truncated samples keep training (the penalty is their signal; rl_round `truncated`).
+#   [DAPO]      Yu et al. 2025: max response length 20,480, overlong buffer 4,096, penalty factor 1.0.
 _SFT_COMMON = {
-    "max_seq_len": 1024,
+    "max_seq_len": 8192,
     "batch_size": 16,
+    "gradient_accumulation_steps": 4,
     "max_steps": 500,
     "warmup_steps": 20,
     "min_lr_ratio": 0.1,
     "weight_decay": 0.0,
     "checkpoint_every": 100,
     "gradient_checkpointing": True,
+    "logprob_chunk_tokens": 1024,
     "chat": {"system_prompt": "", "instructions": {}, "from_verifiers": True},
 }
 _RL_COMMON = {
     "steps": 100,
     "prompts_per_step": 32,
     "samples_per_prompt": 8,
-    "max_new_tokens": 512,
+    "max_new_tokens": 8192,
+    "overlong_buffer": 1024,  # [DAPO]
+    "overlong_penalty": 1.0,  # [DAPO]
+    "truncated": "keep",
     "temperature": 1.0,
     "beta": 0.001,
     "checkpoint_every": 10,
     "rollout_engine": "auto",
     "gradient_checkpointing": True,
-    "micro_batch_size": 16,
+    "logprob_chunk_tokens": 1024,
+    "max_tokens_per_micro_batch": 32768,
 }
 _EVAL_COMMON = {
-    "max_new_tokens": 512,
+    "max_new_tokens": 8192,
     "n_samples": 4,
     "ks": [1, 4],
     "max_tasks_per_domain": 200,
@@ -100,6 +114,7 @@ _EVAL_COMMON = {
     "distractor_tokens": 512,
     "rollout_engine": "auto",
 }
+_RL_4K = {"max_new_tokens": 4096, "overlong_buffer": 512}  # [DAPO]'s eighth of the budget
 PRETRAINED_TIERS: dict[str, dict[str, dict[str, Any]]] = {
     # <= 1.5B (Qwen2.5-0.5B/1.5B-Instruct, Llama-3.2-1B-Instruct): full fine-tuning.
     "1.5B": {
@@ -110,8 +125,8 @@ PRETRAINED_TIERS: dict[str, dict[str, dict[str, Any]]] = {
     # <= 3B (Qwen2.5-3B-Instruct, Llama-3.2-3B-Instruct): full fine-tuning, a lower SFT rate.
     "3B": {
         "sft": {**_SFT_COMMON, "lr": 1e-5, "batch_size": 8},  # between [TRL-SFT] and [Tulu3]
-        "rl_round": {**_RL_COMMON, "lr": 1e-6, "micro_batch_size": 8},  # [TRL-GRPO], [DSMath]
-        "evaluate": {**_EVAL_COMMON, "batch_size": 32},
+        "rl_round": {**_RL_COMMON, **_RL_4K, "lr": 1e-6, "max_tokens_per_micro_batch": 16384},  # [TRL-GRPO]
+        "evaluate": {**_EVAL_COMMON, "max_new_tokens": 4096, "batch_size": 32},
     },
     # <= 8B (Qwen2.5-7B-Instruct, Llama-3.1-8B-Instruct): LoRA on all linear layers.
     "8B": {
@@ -119,15 +134,17 @@ PRETRAINED_TIERS: dict[str, dict[str, dict[str, Any]]] = {
             **_SFT_COMMON,
             "lr": 2e-4,
             "batch_size": 8,  # [QLoRA]
+            "gradient_accumulation_steps": 8,
             "lora": {"enabled": True, "r": 16, "alpha": 32, "target_modules": "all-linear"},
         },
         "rl_round": {
             **_RL_COMMON,
-            "lr": 1e-5,
-            "micro_batch_size": 4,  # [LoRA-RL]: 10x [TRL-GRPO]
+            **_RL_4K,
+            "lr": 1e-5,  # [LoRA-RL]: 10x [TRL-GRPO]
+            "max_tokens_per_micro_batch": 8192,
             "lora": {"enabled": True, "r": 16, "alpha": 32, "target_modules": "all-linear"},
         },
-        "evaluate": {**_EVAL_COMMON, "batch_size": 16},
+        "evaluate": {**_EVAL_COMMON, "max_new_tokens": 4096, "batch_size": 16},
     },
 }
 

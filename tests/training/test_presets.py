@@ -143,7 +143,7 @@ def test_the_cli_and_the_dag_give_a_stage_the_same_config(tmp_path: Path, file_r
         stage_cli(["--run", file_run_uri, "--config", dag], "posttrain sft", "", SFTConfig, "sft", record("dag")) == 0
     )
     assert seen["shell"] == seen["dag"]
-    assert seen["shell"]["max_seq_len"] == 1024 and seen["shell"]["lora"]["enabled"]  # the 8B tier, not 128
+    assert seen["shell"]["max_seq_len"] == 8192 and seen["shell"]["lora"]["enabled"]  # the 8B tier, not 128
     # the rounds after it take the base model from the run's SFT manifest: the same preset as the DAG's
     from training.rl.config import GRPOConfig
 
@@ -156,4 +156,26 @@ def test_the_cli_and_the_dag_give_a_stage_the_same_config(tmp_path: Path, file_r
     assert seen["rl_shell"] == seen["rl_dag"] and seen["rl_shell"]["lr"] == 1e-5
     bare = ["--run", file_run_uri + "-bare", "--set", f"base_model={folder}", "--no-preset"]
     assert stage_cli(bare, "posttrain sft", "", SFTConfig, "sft", record("bare")) == 0
-    assert seen["bare"]["max_seq_len"] == SFTConfig().max_seq_len != 1024  # the config's own default
+    assert seen["bare"]["max_seq_len"] == SFTConfig().max_seq_len != 8192  # the config's own default
+
+
+@pytest.mark.parametrize("tier", ["1.5B", "3B", "8B"])
+def test_pretrained_tiers_train_at_reasoning_lengths(tier: str) -> None:
+    """Every tier's presets are valid configs at reasoning lengths: 8k SFT rows, 4k-8k RL completions with
+    DAPO's overlong shaping, and what makes them fit (chunked head, token-budget micro-batches, checkpointing)."""
+    from training.config import from_dict
+    from training.evaluation.config import EvalConfig
+    from training.profiles import PRETRAINED_TIERS
+    from training.rl.config import GRPOConfig
+    from training.stages.sft import SFTConfig
+
+    presets = PRETRAINED_TIERS[tier]
+    sft = from_dict(SFTConfig, presets["sft"])
+    rl = from_dict(GRPOConfig, presets["rl_round"])
+    ev = from_dict(EvalConfig, presets["evaluate"])
+    assert sft.max_seq_len == 8192 and sft.gradient_checkpointing and sft.logprob_chunk_tokens > 0
+    assert sft.batch_size % sft.gradient_accumulation_steps == 0
+    assert 4096 <= rl.max_new_tokens <= 8192 and rl.gradient_checkpointing and rl.logprob_chunk_tokens > 0
+    assert rl.overlong_buffer == rl.max_new_tokens // 8 and rl.truncated == "keep"
+    assert rl.max_tokens_per_micro_batch >= rl.max_new_tokens  # one completion fits a micro-batch's budget
+    assert ev.max_new_tokens == rl.max_new_tokens  # evaluation reads chains as long as RL trains
