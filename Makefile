@@ -65,10 +65,13 @@ demo: install
 
 # benchmarks/qwen2.py at every size and length takes a long while on 2 cores: `make bench QWEN2_ARGS=--quick`
 # runs only its 5M model.
+# benchmarks/long_context.py at 16k tokens a row runs minutes per side: `LONG_ARGS="--lengths 2048"` for the short one.
 QWEN2_ARGS ?=
+LONG_ARGS ?= --record
 bench: install
 	@for b in benchmarks/taskset.py benchmarks/sandbox.py benchmarks/rl.py benchmarks/gate_power.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 	@echo "== benchmarks/qwen2.py $(QWEN2_ARGS)"; $(PY) benchmarks/qwen2.py $(QWEN2_ARGS)
+	@echo "== benchmarks/long_context.py $(LONG_ARGS)"; $(PY) benchmarks/long_context.py $(LONG_ARGS)
 
 gpu-check:
 	bash infra/gpu-check.sh

@@ -34,7 +34,15 @@ TINY: dict[str, dict[str, Any]] = {
         "mix": {"math": 0.65, "code": 0.15, "extraction": 0.1, "instruction": 0.1},
         "mix_tolerance": 0.1,
     },
-    "sft": {"max_steps": 450, "min_lr_ratio": 1.0, "checkpoint_every": 100, "long_context_share": 0.1},
+    "sft": {
+        "max_steps": 450,
+        "min_lr_ratio": 1.0,
+        "checkpoint_every": 100,
+        "long_context_share": 0.1,
+        # the full (tokens, V) log-softmax, as when the lift figures were measured: at V = 512 the logits are
+        # small, and the chunked head's different float rounding moves the tiny run's figures (as below)
+        "logprob_chunk_tokens": 0,
+    },
     "rl_round": {
         "steps": 150,
         "checkpoint_every": 25,
@@ -45,6 +53,7 @@ TINY: dict[str, dict[str, Any]] = {
         # every micro-batch packed, as when the lift test's figures were measured (choosing the
         # cheaper layout changes the update's float rounding, and the tiny run is sensitive to it)
         "pack_where_cheaper": False,
+        "logprob_chunk_tokens": 0,
         "domain_weights": {"math": 0.5, "code": 0.3, "extraction": 0.1, "instruction": 0.1},
     },
     "evaluate": {"max_tasks_per_domain": 200},

@@ -151,6 +151,12 @@ def test_tiny_profile_packs_every_micro_batch_and_the_default_packs_where_cheape
     # the tiny profile's lift figures were measured with every micro-batch packed: its update keeps that layout
     assert from_dict(GRPOConfig, preset("tiny", "rl_round_1")).pack_where_cheaper is False
     assert GRPOConfig().pack_where_cheaper is True
+    # and the full log-softmax: the chunked head's float rounding moves the tiny run's figures too
+    from training.stages.sft import SFTConfig
+
+    assert from_dict(GRPOConfig, preset("tiny", "rl_round_1")).logprob_chunk_tokens == 0
+    assert from_dict(SFTConfig, preset("tiny", "sft")).logprob_chunk_tokens == 0
+    assert GRPOConfig().logprob_chunk_tokens > 0 and SFTConfig().logprob_chunk_tokens > 0
 
 
 def test_token_budget_plan_by_hand() -> None:
