@@ -334,8 +334,8 @@ def main() -> None:
             f"`python benchmarks/long_context.py --lengths {' '.join(map(str, a.lengths))} --repeats {a.repeats}"
             f" --device {a.device}`: Qwen2 with random weights, V = 151,936, hidden 256, 4 layers, gradient "
             f"checkpointing; GRPO: one update of {GROUP} completions of the row's length after a {PROMPT}-token "
-            f"prompt; SFT: one step of one row. Peak RSS of the whole process (the model and AdamW are about 1 GB of it) "
-            f"and the step's time, best of {a.repeats}."
+            f"prompt; SFT: one step of one row. Peak RSS of the whole process (the model and AdamW are about 1 GB "
+            f"of it) and the step's time, best of {a.repeats}."
         )
         lengths = ", ".join(f"{n:,}" for n in a.lengths)
         record(f"Long context at a real vocabulary ({a.device}; {lengths} tokens a row)", note + "\n\n" + body)
