@@ -107,7 +107,7 @@ def test_the_cli_and_the_dags_build_every_stage_config_alike(tmp_path: Path) -> 
     rl = json.loads(stage_config("rl_round_1", dag_params))
     assert rl["lr"] == 1e-5 and rl["rollout_engine"] == "auto" and rl["lora"]["enabled"] and rl["steps"] == 50
     sft = json.loads(stage_config("sft", dag_params))
-    assert sft["max_seq_len"] == 1024 and sft["base_model"] == str(tmp_path / "support-model")
+    assert sft["max_seq_len"] == 8192 and sft["base_model"] == str(tmp_path / "support-model")
     assert json.loads(stage_config("evaluate", dag_params))["model_name"] == "support-bot"
     # the form's per-stage overrides still apply on top of the recipe's
     tuned = json.loads(stage_config("rl_round_1", {**dag_params, "stage_overrides": {"rl_round": {"steps": 5}}}))

@@ -29,8 +29,10 @@ class GRPOConfig(ConfigBase):
     max_new_tokens:     completion length cap for rollouts and the holdout check.
     overlong_buffer:    DAPO's soft overlong punishment (training/rl/overlong.py): over the last this-many tokens
                         before max_new_tokens the reward falls linearly to -overlong_penalty (a completion the cap
-                        cut gets all of it), so the policy learns to finish inside its budget. 0 = off. Single-turn
-                        rounds only (an episode's length is its answers' and the environment's).
+                        cut gets all of it), so the policy learns to finish inside its budget. 0 = off. A buffer
+                        not below max_new_tokens takes an eighth of it (DAPO's proportion), so a preset's buffer
+                        follows a shorter cap. Single-turn rounds only (an episode's length is its answers' and
+                        the environment's).
     overlong_penalty:   the soft punishment's full size, in reward units.
     truncated:          "keep" (a completion the cap cut trains like any other) or "mask" (DAPO's overlong
                         filtering: its tokens leave the loss; it still counts in its group's advantages). The share
@@ -239,10 +241,8 @@ class GRPOConfig(ConfigBase):
             raise ValueError(f"ref_device {self.ref_device!r}: use same or cpu")
         if self.truncated not in TRUNCATED:
             raise ValueError(f"truncated {self.truncated!r}: use one of {', '.join(TRUNCATED)}")
-        if not 0 <= self.overlong_buffer < self.max_new_tokens:
-            raise ValueError(
-                f"overlong_buffer must be in [0, max_new_tokens={self.max_new_tokens}), got {self.overlong_buffer}"
-            )
+        if self.overlong_buffer < 0:
+            raise ValueError(f"overlong_buffer must be >= 0 (0 = off), got {self.overlong_buffer}")
         if self.max_tokens_per_micro_batch < 0:
             raise ValueError(
                 f"max_tokens_per_micro_batch must be >= 0 (0 = by completions), got {self.max_tokens_per_micro_batch}"

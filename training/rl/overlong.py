@@ -29,6 +29,12 @@ from training.rollout import Completion
 TRUNCATED = ("keep", "mask")  # GRPOConfig.truncated
 
 
+def effective_buffer(buffer: int, max_len: int) -> int:
+    """The buffer a round uses: `buffer`, or DAPO's proportion (an eighth of the cap) where `buffer` does not fit
+    under `max_len`, so a preset's buffer follows a shorter max_new_tokens a user sets instead of failing it."""
+    return buffer if buffer < max_len else max_len // 8
+
+
 def overlong_penalty(length: int, max_len: int, buffer: int, penalty: float = 1.0) -> float:
     """DAPO's soft overlong punishment of a completion of `length` tokens under a cap of `max_len` (<= 0)."""
     if buffer <= 0 or length <= max_len - buffer:
@@ -40,6 +46,7 @@ def shaped_rewards(
     rewards: Sequence[float], completions: Sequence[Completion], max_len: int, buffer: int, penalty: float
 ) -> tuple[list[float], list[float]]:
     """The rewards with each completion's overlong penalty added, and the penalties."""
+    buffer = effective_buffer(buffer, max_len)
     pens = [overlong_penalty(len(c.token_ids), max_len, buffer, penalty) for c in completions]
     return [r + p for r, p in zip(rewards, pens)], pens
 

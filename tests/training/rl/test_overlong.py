@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.rl.overlong import masked_if_truncated, overlong_penalty, shaped_rewards
+from training.rl.overlong import effective_buffer, masked_if_truncated, overlong_penalty, shaped_rewards
 from training.rollout import Completion
 
 
@@ -30,3 +30,12 @@ def test_a_truncated_completion_leaves_the_loss_and_a_finished_one_does_not() ->
     done = Completion(text="", token_ids=[1, 2], finish_reason="stop")
     assert masked_if_truncated(cut).model_mask == [0, 0, 0] and cut.model_mask == []  # a copy; the original kept
     assert masked_if_truncated(done) is done
+
+
+def test_a_buffer_longer_than_the_cap_takes_an_eighth_of_it() -> None:
+    assert effective_buffer(1024, 8192) == 1024
+    assert effective_buffer(1024, 32) == 4  # a preset's buffer under a user's short cap
+    rewards, pens = shaped_rewards(
+        [1.0, 1.0], [Completion(text="", token_ids=[1] * n) for n in (28, 32)], 32, 1024, 1.0
+    )
+    assert pens == pytest.approx([0.0, -1.0])
