@@ -44,6 +44,11 @@ def causal_lm(model: Any) -> Any:
 def output_head(model: Any) -> torch.nn.Linear | None:
     """The model's output projection when the chunked path can stand in for it exactly, else None."""
     inner = causal_lm(model)
+    if any(type(m).__name__.startswith("FSDP") for m in inner.modules()):
+        # FSDP2's fully_shard (class FSDP<Model>) reshards and gathers weights around its own forward and
+        # reduce-scatters their gradients from its hooks: a head used after that forward breaks both (measured:
+        # a 2-rank round's loss left the 1-process one), so a sharded model keeps the full path.
+        return None
     get = getattr(inner, "get_output_embeddings", None)
     head = get() if callable(get) else None
     if type(head) is not torch.nn.Linear:  # exactly Linear: a LoRA or quantised head computes more than W h + b
