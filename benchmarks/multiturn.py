@@ -11,7 +11,9 @@ on the code holdout as evaluation measures it (training/evaluation/measure.py `s
 turn): first-attempt pass@1 and pass within 2 turns (self-repair@2), hidden tests. Prints one line per seed
 and the means; the goal (issue 15): multi-turn self-repair@2 at least 10 points above single-turn,
 first-attempt pass@1 not lower.
-Not part of `make bench` (a quality check, not a speed ratio); tests/training/rl/test_multiturn_rl.py runs seed 2.
+Not part of `make bench` (a quality check, not a speed ratio); tests/training/rl/test_multiturn_rl.py runs seed 2
+and judges what one seed can show (repair_evidence: repairs after a failed first attempt, and first attempts,
+by the gate's tests).
 
 The recipe (SFT, RL and MULTI below): SFT sees repair turns (repair_share 0.3), each round runs 150 steps, and
 the multi-turn round starts half its groups from a planted wrong first answer played on the task's mirror.
@@ -71,8 +73,9 @@ def configs(seed: int, overrides: dict[str, dict]) -> dict[str, dict[str, Any]]:
 
 
 def measure(run: str, stage_name: str, holdout: list, max_new_tokens: int) -> dict[str, Any]:
-    """First-attempt pass@1 and pass within 2 turns on the code holdout, as evaluation measures them, and the
-    first attempts passed per code level ({level: [passed, total]})."""
+    """First-attempt pass@1 and pass within 2 turns on the code holdout, as evaluation measures them, the
+    first attempts passed per code level ({level: [passed, total]}) and each task's [pass within 1, 2 turns]
+    ("outcomes", by task id, for paired comparisons)."""
     from training import storage
     from training.evaluation.config import EvalConfig
     from training.evaluation.measure import repair_report, self_repair
@@ -100,6 +103,7 @@ def measure(run: str, stage_name: str, holdout: list, max_new_tokens: int) -> di
         "within2": report["pass_within"]["2"]["passed"] / total,
         "total": total,
         "first_by_level": dict(sorted(by_level.items())),
+        "outcomes": {str(holdout[i].id): [bool(x) for x in w] for i, w in within.items()},
     }
 
 
@@ -139,6 +143,33 @@ def run_seed(seed: int, overrides: dict[str, dict], root: Path, own_tracking: bo
         "sft": measure(f"file://{base}", "sft", holdout, max_new),
         "single": measure(f"file://{base}", "rl_round_1", holdout, max_new),
         "multi": measure(f"file://{multi}", "rl_round_1", holdout, max_new),
+    }
+
+
+def repair_evidence(single: dict[str, Any], multi: dict[str, Any]) -> dict[str, Any]:
+    """What the seed-fixed test judges, from two models' per-task outcomes on the same holdout (measure()):
+
+    repaired: [passed within 2 turns, failed the first attempt] per model, and repair_p, the one-sided p-value
+    of "the multi-turn model repairs no more often than the single-turn one" (the gate's Agresti-Caffo test:
+    the two sets of failed first attempts differ, so unpaired). first_worse / first_better: tasks whose first
+    attempt the multi-turn model lost / gained against the single-turn one, and first_p, the one-sided paired
+    (McNemar mid-p) p-value of "the multi-turn model's first attempts are not worse"."""
+    from training.evaluation.gate_stats import inferiority_p, mcnemar_p
+
+    def repaired(m: dict[str, Any]) -> list[int]:
+        failed = [w for w in m["outcomes"].values() if not w[0]]
+        return [sum(bool(w[1]) for w in failed), len(failed)]
+
+    rs, rm = repaired(single), repaired(multi)
+    shared = sorted(set(single["outcomes"]) & set(multi["outcomes"]))
+    worse = sum(single["outcomes"][t][0] and not multi["outcomes"][t][0] for t in shared)
+    better = sum(multi["outcomes"][t][0] and not single["outcomes"][t][0] for t in shared)
+    return {
+        "repaired": {"single": rs, "multi": rm},
+        "repair_p": inferiority_p(rs[0], rs[1], rm[0], rm[1]),
+        "first_worse": worse,
+        "first_better": better,
+        "first_p": mcnemar_p(worse, better),
     }
 
 
@@ -193,6 +224,14 @@ def main() -> int:
                 for k in ("sft", "single", "multi")
             )
             print(f"      first attempts by code level: {levels}", flush=True)
+            ev = repair_evidence(r["single"], r["multi"])
+            (rs, fs), (rm, fm) = ev["repaired"]["single"], ev["repaired"]["multi"]
+            print(
+                f"      repaired after a failed first attempt: single {rs}/{fs}, multi {rm}/{fm} "
+                f"(p {ev['repair_p']:.3g}); first attempts multi vs single: lost {ev['first_worse']}, "
+                f"gained {ev['first_better']} (p worse {ev['first_p']:.3g})",
+                flush=True,
+            )
     mean_gain, mean_change = sum(gains) / len(gains), sum(changes) / len(changes)
     print(
         f"mean: self-repair@2 gain {mean_gain:+.3f}, first-attempt pass@1 change {mean_change:+.3f}; goal: gain >= "

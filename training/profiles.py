@@ -4,7 +4,7 @@ user's overrides on top).
 
 `tiny` is tuned on 2 CPU cores for measurement: every domain has headroom, so each evaluation dimension can
 move, and SFT then 2 GRPO rounds lift several domains (tests/training/stages/test_tiny_pipeline.py asserts >= 2 domains
-up by >= 10 points, none down by more than 1). Its choices, and why:
+up by >= 10 points, none credibly down by the gate's regression rule). Its choices, and why:
 - per-domain difficulty levels (math 1-2, code 4-5, extraction 3-4, instruction 1-4). Code level 5's prompts have
   two readings that only the tests settle, so a first attempt fails about half the time and the visible test's
   failure names the fix: the headroom multi-turn RL and self-repair need (benchmarks/multiturn.py);

@@ -83,6 +83,15 @@ def holdout_check(
     return rates, rows
 
 
+def task_outcomes(rows: list[dict]) -> dict[str, dict[str, bool]]:
+    """{domain: {task id: passed}} from holdout rows, for paired comparisons of two measurements of the same
+    tasks (the gate's paired test)."""
+    out: dict[str, dict[str, bool]] = defaultdict(dict)
+    for r in rows:
+        out[r["domain"]][str(r["id"])] = bool(r["reward"] > 0)
+    return {d: out[d] for d in sorted(out)}
+
+
 def holdout_samples(rows: list[dict], n: int) -> list[dict]:
     """About n holdout rows for the samples table, shared evenly over the domains."""
     by_domain: dict[str, list[dict]] = defaultdict(list)

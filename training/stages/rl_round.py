@@ -33,7 +33,7 @@ import torch
 
 from training import checkpointing
 from training.cli import stage_cli
-from training.evaluation.holdout import holdout_check, holdout_samples, holdout_subset
+from training.evaluation.holdout import holdout_check, holdout_samples, holdout_subset, task_outcomes
 from training.modeling import distributed, models
 from training.modeling.chat import fitting_tasks
 from training.modeling.devices import resolve_device
@@ -144,11 +144,13 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
         start_step = checkpointing.restore(state, trainer if state.get("sharded") else model, rnd.optimizer)
         rnd.curriculum.rates = dict(state["extra"]["curriculum"])
         holdout_before = state["extra"]["holdout_before"]
+        before_outcomes = dict(state["extra"].get("holdout_before_outcomes", {}))
         history = list(state["extra"]["history"])
         rnd.sync_rollout_weights()
         ctx.progress(f"resumed from checkpoint step {start_step}")
     else:
-        holdout_before, _ = holdout_check(rnd.engine, holdout, cfg.max_new_tokens, rnd.fmt)
+        holdout_before, before_rows = holdout_check(rnd.engine, holdout, cfg.max_new_tokens, rnd.fmt)
+        before_outcomes = task_outcomes(before_rows)
         ctx.progress(
             f"round {round_} starts from {prev}", **{f"holdout_before/{k}": v for k, v in holdout_before.items()}
         )
@@ -179,7 +181,12 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
                 trainer,
                 rnd.optimizer,
                 tokenizer,
-                extra={"curriculum": dict(rnd.curriculum.rates), "holdout_before": holdout_before, "history": history},
+                extra={
+                    "curriculum": dict(rnd.curriculum.rates),
+                    "holdout_before": holdout_before,
+                    "holdout_before_outcomes": before_outcomes,
+                    "history": history,
+                },
                 keep_last=cfg.keep_checkpoints,
             )
             ctx.progress(f"checkpoint step {done}")
@@ -205,7 +212,14 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     if final is not None:
         models.save_checkpoint(final, tokenizer, ctx.writer, "model")
     ctx.writer.put_json(
-        {"holdout_before": holdout_before, "holdout_after": holdout_after, "history": history}, "round_report.json"
+        {
+            "holdout_before": holdout_before,
+            "holdout_after": holdout_after,
+            # per task, so a reader can pair the two measurements (the gate's paired test) rather than compare rates
+            "holdout_outcomes": {"before": before_outcomes, "after": task_outcomes(holdout_rows)},
+            "history": history,
+        },
+        "round_report.json",
     )
     ctx.progress(f"round {round_} done", step=cfg.steps, **{f"holdout/{k}": v for k, v in holdout_after.items()})
     holdout_counts: dict[str, dict[str, int]] = {}

@@ -199,6 +199,18 @@ def test_round_stage_outputs(sft_run) -> None:
     r2 = stage.run_stage("rl_round_2", GRPOConfig(**ROUND), sft_run, lambda ctx: run_round(ctx, 2))
     assert r2.summary["policy_from"] == "rl_round_1"
     assert r2.summary["holdout_before"] == s["holdout_after"]  # round 2 starts where round 1 ended
+    # per-task outcomes for paired comparisons: the same tasks as the rates, round 2's before = round 1's after
+    reports = [
+        storage.read_json(storage.require_manifest(storage.join(sft_run, f"rl_round_{k}")), "round_report.json")
+        for k in (1, 2)
+    ]
+    for report in reports:
+        for when in ("before", "after"):
+            outcomes = report["holdout_outcomes"][when]
+            assert set(outcomes) == {"math", "extraction"} and all(0 < len(o) <= 5 for o in outcomes.values())
+            rates = report[f"holdout_{when}"]
+            assert all(abs(sum(o.values()) / len(o) - rates[d]) < 1e-9 for d, o in outcomes.items())
+    assert reports[1]["holdout_outcomes"]["before"] == reports[0]["holdout_outcomes"]["after"]
 
 
 def _round_cmd(run_uri: str, cfg: dict) -> list[str]:
