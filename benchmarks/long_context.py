@@ -16,9 +16,11 @@ beyond them is the point. Each row is a 256-token prompt and then
 Sides, each in its own process so its peak RSS (ru_maxrss) is its own:
 
 - ours:  training.rl.update.policy_update / training.stages.sft.response_loss with the chunked head
-         (logprob_chunk_tokens 1024) and token-budget micro-batches of one row (max_tokens_per_micro_batch).
-- today: the same micro-batches through the full (tokens, V) log-softmax (logprob_chunk_tokens 0): the path
-         before the chunked head, so the step-time ratio isolates it.
+         (logprob_chunk_tokens 1024), token-budget micro-batches of one row (max_tokens_per_micro_batch), and
+         rows attended by segments (packed_attention auto: training.modeling.packed_attention, no (T, T) mask,
+         SDPA's causal kernel), as the stages run a switched model.
+- today: the path before this work: the same micro-batches, the full (tokens, V) log-softmax
+         (logprob_chunk_tokens 0), GRPO rows padded and SFT's row under its (T, T) block mask.
 - trl:   TRL's own loss on the same model and rows. GRPO: GRPOTrainer._compute_loss, one completion per
          micro-batch (its smallest), loss "bnpo" (token mean); SFT: SFTTrainer.compute_loss on the labelled row.
          TRL's generation is not run: both sides update on the same given completions.
@@ -79,6 +81,7 @@ def tokens(n: int, seed: int) -> list[int]:
 def grpo(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from training.modeling import packed_attention
     from training.modeling.optimizers import adamw
     from training.rl.config import GRPOConfig
     from training.rl.grpo_batches import micro_batches
@@ -99,6 +102,7 @@ def grpo(a: argparse.Namespace) -> dict[str, Any]:
         logprob_chunk_tokens=CHUNK if a.side == "ours" else 0,
         max_tokens_per_micro_batch=PROMPT + a.length,
     )
+    segments = a.side == "ours" and packed_attention.enable(model)
 
     class Tok:
         pad_token_id = 0
@@ -111,8 +115,9 @@ def grpo(a: argparse.Namespace) -> dict[str, Any]:
         adv,
         torch.device(a.device),
         0,
-        packed=False,
+        packed=segments,  # by segments a row of one completion needs no mask at all
         max_tokens=cfg.max_tokens_per_micro_batch,
+        attention="segments" if segments else "dense",
     )
     stats = policy_update(model, None, opt, chunks, cfg)
     sync(a)
@@ -179,6 +184,7 @@ def _tokenizer() -> Any:
 def sft(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from training.modeling import packed_attention
     from training.modeling.optimizers import adamw
     from training.stages.sft import Example, collate, response_loss
 
@@ -186,7 +192,8 @@ def sft(a: argparse.Namespace) -> dict[str, Any]:
     opt = adamw(model, 1e-5, [0.9, 0.95], 0.0)
     ids = tokens(a.length, 0)
     example = Example(ids, [0] * PROMPT + [1] * (a.length - PROMPT))
-    batch = collate([[example]], a.length, 0).to(torch.device(a.device))
+    segments = a.side == "ours" and packed_attention.enable(model)
+    batch = collate([[example]], a.length, 0, "segments" if segments else "dense").to(torch.device(a.device))
     trl_loss = sft_trl(a, model, batch) if a.side == "trl" else None  # the trainer is built before the clock
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)

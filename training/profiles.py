@@ -42,6 +42,8 @@ TINY: dict[str, dict[str, Any]] = {
         # the full (tokens, V) log-softmax, as when the lift figures were measured: at V = 512 the logits are
         # small, and the chunked head's different float rounding moves the tiny run's figures (as below)
         "logprob_chunk_tokens": 0,
+        # the dense block mask, likewise: attention by segments takes another SDPA kernel (other rounding)
+        "packed_attention": "dense",
     },
     "rl_round": {
         "steps": 150,
@@ -54,6 +56,7 @@ TINY: dict[str, dict[str, Any]] = {
         # cheaper layout changes the update's float rounding, and the tiny run is sensitive to it)
         "pack_where_cheaper": False,
         "logprob_chunk_tokens": 0,
+        "packed_attention": "dense",
         "domain_weights": {"math": 0.5, "code": 0.3, "extraction": 0.1, "instruction": 0.1},
     },
     "evaluate": {"max_tasks_per_domain": 200},

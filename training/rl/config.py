@@ -70,6 +70,10 @@ class GRPOConfig(ConfigBase):
     packed_groups:      lay each group out as one row (the prompt once, its completions back to back, a
                         block attention mask) instead of one padded row per completion: fewer tokens
                         through the model in the update (training.rl.grpo_batches). Needs eager or sdpa attention.
+    packed_attention:   how a packed row keeps its completions apart. "auto": by segments (each completion's
+                        [prompt | completion] gathered and run with SDPA's causal kernel, no (T, T) mask:
+                        training.modeling.packed_attention) where the policy and the reference take it (SDPA
+                        models whose probe against the mask passes); else, and with "dense", the 4D mask.
     pack_where_cheaper: with packed_groups, pack a micro-batch only where that costs fewer FLOPs than padding
                         (training.rl.grpo_batches.packing_pays): completions about equally long (long ones that
                         all hit the cap) are padded, since packed attention grows with the square of the whole
@@ -188,6 +192,7 @@ class GRPOConfig(ConfigBase):
     logprob_chunk_tokens: int = 1024
     packed_groups: bool = True
     pack_where_cheaper: bool = True
+    packed_attention: str = "auto"
     dynamic_sampling: bool = True
     min_informative: float = 0.5
     max_sampling_batches: int = 3
@@ -235,6 +240,8 @@ class GRPOConfig(ConfigBase):
             raise ValueError("samples_per_prompt must be >= 2 (group-relative advantages need a group)")
         if self.rollout_engine != "auto" and self.rollout_engine not in ENGINES:
             raise ValueError(f"rollout_engine {self.rollout_engine!r}: use auto or one of {', '.join(ENGINES)}")
+        if self.packed_attention not in ("auto", "dense"):
+            raise ValueError(f"packed_attention {self.packed_attention!r}: use auto or dense")
         if self.rollout_correction not in ("auto", "tis", "none"):
             raise ValueError(f"rollout_correction {self.rollout_correction!r}: use auto, tis or none")
         if self.ref_device not in ("same", "cpu"):

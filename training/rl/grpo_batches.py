@@ -11,7 +11,8 @@ A step's rollouts come in groups: G completions of one prompt. Two layouts give 
 
   Nothing is padded inside a group, and the prompt is computed once. RL completions vary ~10x in length
   within a batch, so padding every completion to the longest cost the update about 3x its real tokens. The
-  4D mask needs an attention implementation that accepts one (eager or sdpa; not flash-attention-2).
+  4D mask needs an attention implementation that accepts one (eager or sdpa; not flash-attention-2); a model
+  switched by training.modeling.packed_attention takes the same row by segments instead, with no mask.
 - padded: one row per completion, [left-padded prompt | right-padded completion]; with group_size G > 1 the
   prompts run once and their KV cache is repeated for the G completions.
 
@@ -20,7 +21,8 @@ token budget, of at most that many tokens as laid out (a group may then span mic
 so each is padded only to its own longest row; `completion_logprobs` gives log pi(token | prefix) for either layout.
 
 Packing is not free: attention under a 4D mask costs every (query, key) pair of the row, masked or not, and a
-packed row is G completions long, so its attention grows with (P + G*L)^2 against G*L*(P+L) padded. When the
+packed row is G completions long, so its attention grows with (P + G*L)^2 against G*L*(P+L) padded (by
+segments it is G*(P+L)^2/2, causal, and packing nearly always pays). When the
 completions of a group are about equally long (long RL completions that all hit the cap), padding wastes
 nothing and packing only adds attention, which for long completions can cost more than the padding saved.
 Given the model's cost per attention pair (`attention_pair_cost`), `micro_batches` lays each micro-batch out
@@ -35,8 +37,10 @@ from typing import Any
 
 import torch
 
+from training.modeling import packed_attention
 from training.modeling.chunked_logprobs import final_hidden, output_head, token_logprobs as chunked_token_logprobs
 from training.modeling.kv_cache import cache_kwarg, cache_of, select_cache_rows
+from training.modeling.packed_attention import PackedSegments
 from training.rl import algorithms
 from training.rollout import Completion
 from training.rollout.base import Prompt, left_pad, prompt_ids
@@ -61,13 +65,27 @@ class PackedGroups:
 
     input_ids: torch.Tensor  # (R, T)
     position_ids: torch.Tensor  # (R, T)
-    attention_mask: torch.Tensor  # (R, 1, T, T) additive: 0 where a query may attend, dtype-min elsewhere
+    # dense: (R, 1, T, T) additive, 0 where a query may attend, dtype-min elsewhere; with segments: the
+    # (R, 1, 1, 1) placeholder (training.modeling.packed_attention)
+    attention_mask: torch.Tensor
     row_of: torch.Tensor  # (N,) the row holding completion i
     predictor: torch.Tensor  # (N, L) the position whose logits predict completion token j (0 on padding)
     completion_ids: torch.Tensor  # (N, L) right-padded
     completion_mask: torch.Tensor  # (N, L) 1 on completion tokens
     advantages: torch.Tensor  # (N,)
     engine_logprobs: torch.Tensor | None = None  # (N, L) the rollout engine's log-probs of each token
+    segments: PackedSegments | None = None  # attention by segments instead of the dense mask
+
+    def model_inputs(self) -> dict[str, Any]:
+        """The keywords of the policy / reference forward over these rows."""
+        inputs: dict[str, Any] = {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+        }
+        if self.segments is not None:
+            inputs[packed_attention.KEYWORD] = self.segments
+        return inputs
 
 
 def build_batch(
@@ -121,42 +139,65 @@ def pack_groups(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     loss_masks: torch.Tensor | None = None,
+    attention: str = "dense",
 ) -> PackedGroups:
     """Packed layout. prompt_ids[r]: token ids of group r's prompt; groups[r]: its completions' token ids;
     advantages: (N,) in the same (group-major) order as the completions. A multi-turn episode is one
     completion (its turns and the environment's replies back to back, attending causally to all of them);
-    `loss_masks` (N, >= L) zeroes the environment's tokens in `completion_mask`."""
+    `loss_masks` (N, >= L) zeroes the environment's tokens in `completion_mask`.
+
+    attention "dense": the (R, 1, T, T) mask; "segments": no mask, each completion's [prompt | completion]
+    positions as one segment (training.modeling.packed_attention; the prompt's outputs come from the group's
+    first), for a model packed_attention.enable() switched."""
+    if attention not in ("dense", "segments"):
+        raise ValueError(f"attention must be 'dense' or 'segments', got {attention!r}")
     lengths = [len(p) + sum(len(c) for c in g) for p, g in zip(prompt_ids, groups)]
     R, T = len(groups), max(1, max(lengths))
     ids = torch.full((R, T), pad, dtype=torch.long)  # (R, T)
     pos = torch.zeros((R, T), dtype=torch.long)  # (R, T)
-    allowed = torch.zeros((R, T, T), dtype=torch.bool)  # (R, T, T) query x key
+    dense = attention == "dense"
+    allowed = torch.zeros((R, T, T) if dense else (0, 0, 0), dtype=torch.bool)  # (R, T, T) query x key
+    spans: list[list[tuple[list[int], list[int]]]] = []  # per row: (positions attended over, positions owned)
     completions = [c for g in groups for c in g]
     comp, cmask = _right_padded(completions, pad)  # (N, L) x2
     row_of = torch.tensor([r for r, g in enumerate(groups) for _ in g], dtype=torch.long)  # (N,)
     predictor = torch.zeros(comp.shape, dtype=torch.long)  # (N, L)
-    causal = torch.ones((T, T), dtype=torch.bool).tril()  # (T, T)
+    causal = torch.ones((T, T) if dense else (0, 0), dtype=torch.bool).tril()  # (T, T)
     i = 0
     for r, (prompt, group) in enumerate(zip(prompt_ids, groups)):
         P = len(prompt)
         ids[r, :P] = torch.tensor(prompt, dtype=torch.long)
         pos[r, :P] = torch.arange(P)
-        allowed[r, :P, :P] = causal[:P, :P]
+        if dense:
+            allowed[r, :P, :P] = causal[:P, :P]
+        row: list[tuple[list[int], list[int]]] = []
         start = P
-        for c in group:
+        for k, c in enumerate(group):
             L = len(c)
             end = start + L
             ids[r, start:end] = torch.tensor(c, dtype=torch.long)
             pos[r, start:end] = torch.arange(P, P + L)
-            allowed[r, start:end, :P] = True
-            allowed[r, start:end, start:end] = causal[:L, :L]
+            if dense:
+                allowed[r, start:end, :P] = True
+                allowed[r, start:end, start:end] = causal[:L, :L]
+            else:
+                own = list(range(start, end)) if k else list(range(P)) + list(range(start, end))
+                row.append((list(range(P)) + list(range(start, end)), own))
             if L:
                 predictor[i, 0] = P - 1  # the prompt's last position predicts every completion's first token
                 predictor[i, 1:L] = torch.arange(start, end - 1)
             start, i = end, i + 1
-        idle = torch.arange(start, T)
-        allowed[r, idle, idle] = True  # padding attends to itself: no all-masked rows (NaN in softmax)
-    mask = torch.zeros((R, 1, T, T), dtype=dtype).masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
+        if dense:
+            idle = torch.arange(start, T)
+            allowed[r, idle, idle] = True  # padding attends to itself: no all-masked rows (NaN in softmax)
+        elif not group:
+            row.append((list(range(P)), list(range(P))))
+        spans.append(row)
+    segments = None
+    if dense:
+        mask = torch.zeros((R, 1, T, T), dtype=dtype).masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
+    else:
+        mask, segments = packed_attention.mask_placeholder(R, dtype), packed_attention.build_segments(spans, T)
     if loss_masks is not None:
         cmask = cmask * loss_masks[:, : cmask.shape[1]]
     return PackedGroups(
@@ -168,6 +209,7 @@ def pack_groups(
         completion_ids=comp.to(device),
         completion_mask=cmask.to(device),
         advantages=advantages.to(device),
+        segments=None if segments is None else segments.to(device),
     )
 
 
@@ -198,11 +240,13 @@ def completion_logprobs(
     scale = temperature if temperature > 0 else 1.0
     head = output_head(model) if chunk_tokens > 0 else None
     if isinstance(batch, PackedGroups):
-        inputs = {
-            "input_ids": batch.input_ids,
-            "attention_mask": batch.attention_mask,
-            "position_ids": batch.position_ids,
-        }
+        if batch.segments is not None and not packed_attention.takes_segments(model):
+            raise ValueError(
+                f"a packed batch laid out by segments reached {type(model).__name__}, whose attention is "
+                f"{packed_attention.implementation(model)!r}: switch it with packed_attention.enable() or lay the "
+                "batch out with attention='dense'"
+            )
+        inputs = batch.model_inputs()
         if head is not None:
             hidden, _ = final_hidden(model, **inputs)  # (R, T, h)
             rows = batch.row_of.unsqueeze(-1).expand_as(batch.predictor)  # (N, L)
@@ -298,23 +342,30 @@ def attention_pair_cost(model: Any) -> float:
     return 4.0 * hidden * layers / (2.0 * max(1, params))
 
 
-def packing_pays(prompt_lens: Sequence[int], completion_lens: Sequence[Sequence[int]], pair_cost: float) -> bool:
+def packing_pays(
+    prompt_lens: Sequence[int], completion_lens: Sequence[Sequence[int]], pair_cost: float, segments: bool = False
+) -> bool:
     """Whether the packed layout of these groups costs fewer FLOPs than the padded one, in token units:
-    packed:  R rows of T = max(P + sum L) tokens, T^2 attention pairs each (the 4D mask hides nothing);
+    packed:  R rows of T = max(P + sum L) tokens; attention under the dense mask T^2 pairs a row (the mask
+             hides nothing), by segments N segments of S = max(P + L) tokens, S^2 / 2 pairs each (causal);
     padded:  the prompts once (B x P), then N = B*G rows of L = max(L) tokens attending to P + L keys."""
     R = len(prompt_lens)
     T = max(p + sum(c) for p, c in zip(prompt_lens, completion_lens))
-    packed = R * (T + pair_cost * T * T)
     P = max(prompt_lens)
     L = max(max(c) for c in completion_lens)
     N = sum(len(c) for c in completion_lens)
+    if segments:
+        S = max(p + max(c) for p, c in zip(prompt_lens, completion_lens))
+        packed = R * T + pair_cost * N * S * S / 2
+    else:
+        packed = R * (T + pair_cost * T * T)
     padded = R * (P + pair_cost * P * P) + N * (L + pair_cost * L * (P + L))
     return packed <= padded
 
 
 def takes_4d_mask(model: Any) -> bool:
     """Whether the model's attention accepts the packed layout's 4D mask (flash-attention kernels do not)."""
-    return getattr(getattr(model, "config", None), "_attn_implementation", None) in (None, "eager", "sdpa")
+    return packed_attention.implementation(model) in (None, "eager", "sdpa", packed_attention.NAME)
 
 
 def token_budget_plan(
@@ -368,6 +419,7 @@ def micro_batches(
     dtype: torch.dtype = torch.float32,
     pair_cost: float = 0.0,
     max_tokens: int = 0,
+    attention: str = "dense",
 ) -> list[RolloutBatch | PackedGroups]:
     """Split a step's groups (prompts[g] with its completions groups[g]; advantages (N,) group-major) into
     micro-batches. The loss is a sum over completions with one normaliser for the step, so the split and the
@@ -379,7 +431,8 @@ def micro_batches(
       padded only to its own longest row.
 
     With `packed` and a `pair_cost` > 0 (attention_pair_cost), a micro-batch is packed only where that costs
-    fewer FLOPs than padding (packing_pays); pair_cost 0 packs every micro-batch."""
+    fewer FLOPs than padding (packing_pays); pair_cost 0 packs every micro-batch. `attention`: how packed
+    micro-batches keep completions apart (pack_groups: "dense" mask or "segments")."""
     G = len(groups[0])
     p_ids = prompt_ids(tokenizer, prompts)
     tokens = [[c.token_ids for c in g] for g in groups]
@@ -387,7 +440,12 @@ def micro_batches(
     def pays(chosen: Sequence[int]) -> bool:
         return packed and (
             not pair_cost
-            or packing_pays([len(p_ids[g]) for g in chosen], [[len(t) for t in tokens[g]] for g in chosen], pair_cost)
+            or packing_pays(
+                [len(p_ids[g]) for g in chosen],
+                [[len(t) for t in tokens[g]] for g in chosen],
+                pair_cost,
+                segments=attention == "segments",
+            )
         )
 
     plan: list[tuple[list[tuple[int, list[int]]], bool]]  # (pieces, packed)
@@ -418,6 +476,7 @@ def micro_batches(
                 device,
                 dtype,
                 loss_masks=model_masks(flat, longest),
+                attention=attention,
             )
             packed_batch.engine_logprobs = engine_logprobs(flat, packed_batch.completion_ids.shape[1]).to(device)
             batch = packed_batch

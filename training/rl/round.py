@@ -27,7 +27,7 @@ from training.environments import environment_for
 from training.environments.episodes import Episode, run_episodes, split_first_answer
 from training.environments.planting import mirrored_plants, planted_attempts
 from training.evaluation.holdout import engine_text
-from training.modeling import distributed
+from training.modeling import distributed, packed_attention
 from training.modeling.chat import PromptFormat, fitting_tasks
 from training.modeling.lora import merged_state_dict
 from training.modeling.models import context_limit, prompt_limit
@@ -111,6 +111,16 @@ class StepSamples:
         self.kept, self.splits = self.kept[:n], self.splits[:n]
 
 
+def packed_layout_attention(cfg: GRPOConfig, model: Any, ref_model: Any | None) -> str:
+    """ "segments" where packed micro-batches can attend by segments: packed_groups, packed_attention "auto", and
+    the policy and the reference (one forward each per micro-batch) both switched by packed_attention.enable();
+    else "dense" (the 4D mask). Decided once per round, the same on every rank (the probe is seeded)."""
+    if not (cfg.packed_groups and cfg.packed_attention == "auto"):
+        return "dense"
+    both = packed_attention.enable(model) and (ref_model is None or packed_attention.enable(ref_model))
+    return "segments" if both else "dense"
+
+
 @dataclass
 class Round:
     """Everything one GRPO round works on; `step(s)` runs training step s (a pure function of the state)."""
@@ -138,6 +148,7 @@ class Round:
     rollout_model: Any = None  # what the hf engine samples from: `model`, or a full replica under FSDP
     timer: PhaseTimer = field(default_factory=PhaseTimer)  # the current step's time per phase (time/<phase>_s)
     pair_cost: float = 0.0  # attention cost per (query, key) pair: packs a micro-batch only where that pays (0: all)
+    attention: str = "dense"  # how packed micro-batches keep completions apart: "dense" mask or "segments"
 
     @classmethod
     def build(
@@ -204,6 +215,7 @@ class Round:
             rollout_model=rollout_model,
             timer=PhaseTimer(sync=sync),
             pair_cost=attention_pair_cost(model) if choose_layout else 0.0,
+            attention=packed_layout_attention(cfg, model, ref_model),
         )
 
     # ----- the step ---------------------------------------------------------------------------------------------
@@ -427,6 +439,7 @@ class Round:
                 next(self.model.parameters()).dtype,
                 pair_cost=self.pair_cost,
                 max_tokens=cfg.max_tokens_per_micro_batch,
+                attention=self.attention,
             )
 
         if distributed.world_size() == 1:

@@ -134,6 +134,7 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
             "posttrain.reference": reference,
             "posttrain.lora": str(cfg.lora.enabled),
             "posttrain.precision": str(rnd.compute_dtype),
+            "posttrain.packed_attention": rnd.attention,
         }
     )
 
@@ -249,6 +250,7 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
         "prompts_dropped": {"train": rnd.prompts_dropped, "holdout": holdout_dropped},
         "samples_per_s_this_attempt": rnd.samples_seen / max(elapsed, 1e-9),
         "world_size": world,
+        "packed_attention": rnd.attention,  # "segments" (no (T, T) mask) or "dense"
     }
 
 

@@ -27,12 +27,13 @@ from training.cli import stage_cli
 from training.config import ConfigBase
 from training.environments import CodeRepairEnv, step_all
 from training.environments.code_repair import mirror_tasks, near_miss
-from training.modeling import distributed, models
+from training.modeling import distributed, models, packed_attention
 from training.modeling.chat import ChatSettings, PromptFormat
 from training.modeling.chunked_logprobs import final_hidden, output_head, token_logprobs as chunked_token_logprobs
 from training.modeling.devices import resolve_device
 from training.modeling.lora import LoraSettings, apply_lora
 from training.modeling.optimizers import adamw
+from training.modeling.packed_attention import PackedSegments, build_segments
 from training.modeling.precision import autocast, enable_gradient_checkpointing, resolve_precision
 from training.rewards import get_verifier
 from training.stage import StageContext
@@ -79,6 +80,10 @@ class SFTConfig(ConfigBase):
                        restarting per example, so no compute is spent on padding and examples never attend to
                        each other ("packing with attention masking", as in Krell et al. 2021, "Efficient
                        Sequence Packing without Cross-contamination").
+    packed_attention:  how a packed row keeps its examples apart. "auto": by segments (each example's
+                       attention gathered and run with SDPA's causal kernel, no (T, T) mask:
+                       training.modeling.packed_attention) where the model takes it, an SDPA model whose probe
+                       against the mask passes; else, and with "dense", the block-diagonal mask.
     batch_size:        rows per optimizer step.
     gradient_accumulation_steps: forward/backward passes per optimizer step, each over batch_size / k rows
                        (per rank); the loss is the token mean of the whole step, so k passes train exactly as one
@@ -126,6 +131,7 @@ class SFTConfig(ConfigBase):
     repair_share: float = 0.0
     repair_mirrors: bool = False
     packing: bool = True
+    packed_attention: str = "auto"
     batch_size: int = 16
     gradient_accumulation_steps: int = 1
     max_steps: int = 300
@@ -160,6 +166,8 @@ class SFTConfig(ConfigBase):
             raise ValueError(f"sft: gradient_accumulation_steps must be >= 1, got {self.gradient_accumulation_steps}")
         if self.repair_share < 0:
             raise ValueError(f"sft: repair_share must be >= 0, got {self.repair_share}")
+        if self.packed_attention not in ("auto", "dense"):
+            raise ValueError(f"sft: packed_attention must be 'auto' or 'dense', got {self.packed_attention!r}")
 
 
 class ExamplesTooLong(ValueError):
@@ -199,10 +207,23 @@ class Batch:
     input_ids: torch.Tensor  # (N, T)
     loss_mask: torch.Tensor  # (N, T) 1 on tokens whose prediction is trained
     position_ids: torch.Tensor  # (N, T)
-    attention_mask: torch.Tensor  # (N, 1, T, T) bool, block-diagonal causal
+    # (N, 1, T, T) bool, block-diagonal causal; with segments the (N, 1, 1, 1) placeholder
+    attention_mask: torch.Tensor
+    segments: PackedSegments | None = None  # each example attends by itself (training.modeling.packed_attention)
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(*(x.to(device) for x in (self.input_ids, self.loss_mask, self.position_ids, self.attention_mask)))
+        tensors = [x.to(device) for x in (self.input_ids, self.loss_mask, self.position_ids, self.attention_mask)]
+        return Batch(*tensors, segments=None if self.segments is None else self.segments.to(device))
+
+    def model_inputs(self) -> dict[str, Any]:
+        inputs: dict[str, Any] = {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            "attention_mask": self.attention_mask,
+        }
+        if self.segments is not None:
+            inputs[packed_attention.KEYWORD] = self.segments
+        return inputs
 
 
 def pack(examples: list[Example], max_len: int, pad_id: int, packing: bool = True) -> list[list[Example]]:
@@ -220,24 +241,33 @@ def pack(examples: list[Example], max_len: int, pad_id: int, packing: bool = Tru
     return rows
 
 
-def collate(rows: list[list[Example]], max_len: int, pad_id: int) -> Batch:
-    """Rows of packed examples -> tensors. Padding is on the right with loss 0 and attends only to itself."""
+def collate(rows: list[list[Example]], max_len: int, pad_id: int, attention: str = "dense") -> Batch:
+    """Rows of packed examples -> tensors. Padding is on the right with loss 0 and attends only to itself.
+    attention "dense": the (N, 1, T, T) block-diagonal mask; "segments": none, each example a segment
+    (training.modeling.packed_attention), for a model packed_attention.enable() switched."""
+    if attention not in ("dense", "segments"):
+        raise ValueError(f"attention must be 'dense' or 'segments', got {attention!r}")
     T = min(max_len, max(sum(len(e.input_ids) for e in row) for row in rows))
     N = len(rows)
     ids = torch.full((N, T), pad_id, dtype=torch.long)  # (N, T)
     loss = torch.zeros((N, T), dtype=torch.long)  # (N, T)
     pos = torch.zeros((N, T), dtype=torch.long)  # (N, T)
     seg = torch.full((N, T), -1, dtype=torch.long)  # (N, T) example index within the row; -1 = padding
+    spans: list[list[tuple[list[int], list[int]]]] = []  # per row, each example's positions (attended, owned)
     for i, row in enumerate(rows):
-        at = 0
+        at, spans_i = 0, []
         for j, ex in enumerate(row):
             n = len(ex.input_ids)
             ids[i, at : at + n] = torch.tensor(ex.input_ids)
             loss[i, at : at + n] = torch.tensor(ex.loss_mask)
             pos[i, at : at + n] = torch.arange(n)
             seg[i, at : at + n] = j
+            spans_i.append((list(range(at, at + n)),) * 2)
             at += n
         seg[i, at:] = torch.arange(len(row), len(row) + T - at)  # each pad token its own segment
+        spans.append(spans_i)
+    if attention == "segments":
+        return Batch(ids, loss, pos, packed_attention.mask_placeholder(N, torch.bool), build_segments(spans, T))
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))  # (T, T)
     attn = (seg[:, :, None] == seg[:, None, :]) & causal  # (N, T, T)
     return Batch(ids, loss, pos, attn[:, None])
@@ -247,7 +277,12 @@ def response_loss(model: Any, batch: Batch, chunk_tokens: int = 0) -> tuple[torc
     """Mean next-token cross-entropy over response tokens. Returns (loss, number of trained tokens).
     With `chunk_tokens` > 0 and a plain output head, only the response positions go through the head, that many
     at a time (training.modeling.chunked_logprobs): no (T, V) logits exist. Equal to the full path to rounding."""
-    inputs = {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "attention_mask": batch.attention_mask}
+    if batch.segments is not None and not packed_attention.takes_segments(model):
+        raise ValueError(
+            f"an SFT batch laid out by segments reached {type(model).__name__}, whose attention is "
+            f"{packed_attention.implementation(model)!r}: collate it with attention='dense'"
+        )
+    inputs = batch.model_inputs()
     targets = batch.input_ids[:, 1:]  # (N, T-1)
     mask = batch.loss_mask[:, 1:]  # (N, T-1) token t+1 is trained when it is a response token
     n = int(mask.sum())
@@ -282,6 +317,8 @@ def build_model(
     tokenizer.chat_settings = chat_for(cfg.chat, tasks)
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
+    if cfg.packed_attention == "auto":
+        packed_attention.enable(model)  # before LoRA wraps it; every rank decides the same (the probe is seeded)
     if cfg.lora.enabled:
         model = apply_lora(model, cfg.lora)
     return model, tokenizer
@@ -449,6 +486,7 @@ def train(ctx: StageContext) -> dict[str, Any]:
         return pack([examples[i] for i in order], cfg.max_seq_len, tokenizer.pad_token_id, cfg.packing)
 
     steps_per_epoch = max(1, len(rows_for_epoch(0)) // cfg.batch_size)
+    attention = "segments" if packed_attention.takes_segments(model) else "dense"
 
     def passes_at(step: int) -> list[Batch]:
         """The batch of step `step`, as `gradient_accumulation_steps` passes: a pure function of (seed, step),
@@ -456,7 +494,10 @@ def train(ctx: StageContext) -> dict[str, Any]:
         epoch, k = divmod(step, steps_per_epoch)
         rows = distributed.shard(rows_for_epoch(epoch)[k * cfg.batch_size : (k + 1) * cfg.batch_size])
         per = -(-len(rows) // cfg.gradient_accumulation_steps)
-        return [collate(rows[i : i + per], cfg.max_seq_len, tokenizer.pad_token_id) for i in range(0, len(rows), per)]
+        return [
+            collate(rows[i : i + per], cfg.max_seq_len, tokenizer.pad_token_id, attention)
+            for i in range(0, len(rows), per)
+        ]
 
     t0, tokens_seen, loss_sum, loss_n = time.monotonic(), 0, 0.0, 0
     last_loss = float("nan")
@@ -518,6 +559,7 @@ def train(ctx: StageContext) -> dict[str, Any]:
         "parameters": parameters,
         "resumed_from": start_step,
         "world_size": world,
+        "packed_attention": attention,  # "segments" (no (T, T) mask) or "dense"
     }
 
 

@@ -174,6 +174,7 @@ def test_pretrained_chat_model_end_to_end(chat_model_dir, file_run_uri, local_ml
     sft = stage.run_stage("sft", sft_cfg, run, train)
     # Nothing was cut, and SFT trained chat-rendered conversations with the loss on the assistant turn only.
     assert sft.summary["examples_overlong_dropped"] == 0 and sft.summary["chat_template"] is True
+    assert sft.summary["packed_attention"] == "segments"  # a Qwen2 SDPA model: packed rows without a (T, T) mask
     samples = storage.read_json(storage.require_manifest(storage.join(run, "sft")), "sample_examples.json")
     for s in samples:
         assert s["text"].startswith("<|im_start|>user\n") and "<|im_start|>assistant\n" in s["text"]
@@ -216,6 +217,7 @@ def test_pretrained_chat_model_end_to_end(chat_model_dir, file_run_uri, local_ml
     )
     rl = stage.run_stage("rl_round_1", rl_cfg, run, lambda ctx: run_round(ctx, 1))
     assert rl.summary["lora"] is True and rl.summary["reference"].startswith("sft (the LoRA base, adapters disabled")
+    assert rl.summary["packed_attention"] == "segments"
     assert [st for st, _ in storage.list_complete_checkpoints(storage.join(run, "rl_round_1"))] == [2]
     rows = storage.read_json(storage.require_manifest(storage.join(run, "rl_round_1")), "samples.json")
     assert rows and all(
