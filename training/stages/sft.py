@@ -212,8 +212,10 @@ class Batch:
     segments: PackedSegments | None = None  # each example attends by itself (training.modeling.packed_attention)
 
     def to(self, device: torch.device) -> Batch:
-        tensors = [x.to(device) for x in (self.input_ids, self.loss_mask, self.position_ids, self.attention_mask)]
-        return Batch(*tensors, segments=None if self.segments is None else self.segments.to(device))
+        ids, loss, pos, attn = (
+            x.to(device) for x in (self.input_ids, self.loss_mask, self.position_ids, self.attention_mask)
+        )
+        return Batch(ids, loss, pos, attn, None if self.segments is None else self.segments.to(device))
 
     def model_inputs(self) -> dict[str, Any]:
         inputs: dict[str, Any] = {
