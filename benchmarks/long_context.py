@@ -16,7 +16,7 @@ beyond them is the point. Each row is a 256-token prompt and then
 Sides, each in its own process so its peak RSS (ru_maxrss) is its own:
 
 - ours:  training.rl.update.policy_update / training.stages.sft.response_loss with the chunked head
-         (logprob_chunk_tokens 1024), token-budget micro-batches of one row (max_tokens_per_micro_batch), and
+         (logprob_chunk_tokens 256), token-budget micro-batches of one row (max_tokens_per_micro_batch), and
          rows attended by segments (packed_attention auto: training.modeling.packed_attention, no (T, T) mask,
          SDPA's causal kernel), as the stages run a switched model.
 - today: the path before this work: the same micro-batches, the full (tokens, V) log-softmax
@@ -56,7 +56,7 @@ CONFIG = dict(
 )
 PROMPT = 256
 GROUP = 8
-CHUNK = 1024
+CHUNK = 256
 SIDES = ("ours", "today", "trl")
 RESULT = "RESULT "
 
@@ -99,10 +99,10 @@ def grpo(a: argparse.Namespace) -> dict[str, Any]:
         beta=0.0,
         samples_per_prompt=GROUP,
         max_new_tokens=a.length,
-        logprob_chunk_tokens=CHUNK if a.side == "ours" else 0,
+        logprob_chunk_tokens=a.chunk if a.side == "ours" else 0,
         max_tokens_per_micro_batch=PROMPT + a.length,
     )
-    segments = a.side == "ours" and packed_attention.enable(model)
+    segments = a.side == "ours" and not a.dense_mask and packed_attention.enable(model)
 
     class Tok:
         pad_token_id = 0
@@ -192,7 +192,7 @@ def sft(a: argparse.Namespace) -> dict[str, Any]:
     opt = adamw(model, 1e-5, [0.9, 0.95], 0.0)
     ids = tokens(a.length, 0)
     example = Example(ids, [0] * PROMPT + [1] * (a.length - PROMPT))
-    segments = a.side == "ours" and packed_attention.enable(model)
+    segments = a.side == "ours" and not a.dense_mask and packed_attention.enable(model)
     batch = collate([[example]], a.length, 0, "segments" if segments else "dense").to(torch.device(a.device))
     trl_loss = sft_trl(a, model, batch) if a.side == "trl" else None  # the trainer is built before the clock
     t0 = time.perf_counter()
@@ -200,7 +200,7 @@ def sft(a: argparse.Namespace) -> dict[str, Any]:
     if trl_loss is not None:
         loss = trl_loss()
     else:
-        loss, _ = response_loss(model, batch, CHUNK if a.side == "ours" else 0)
+        loss, _ = response_loss(model, batch, a.chunk if a.side == "ours" else 0)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -271,7 +271,8 @@ def worker(a: argparse.Namespace) -> None:
 # ----- the driver -------------------------------------------------------------------------------------------------
 def run_side(a: argparse.Namespace, part: str, side: str, length: int) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", "--part", part, "--side", side, "--length", str(length)]
-    cmd += ["--device", a.device, "--memory-limit-gb", str(a.memory_limit_gb)]
+    cmd += ["--device", a.device, "--memory-limit-gb", str(a.memory_limit_gb), "--chunk", str(a.chunk)]
+    cmd += ["--dense-mask"] if a.dense_mask else []
     proc = subprocess.run(cmd, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT):
@@ -317,6 +318,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--memory-limit-gb", type=float, default=22.0)
     p.add_argument("--record", action="store_true", help="write the table into docs/results.md")
+    p.add_argument("--chunk", type=int, default=CHUNK, help="ours: logprob_chunk_tokens (default %(default)s)")
+    p.add_argument("--dense-mask", action="store_true", help="ours: keep the dense mask (no segments), for an A/B")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--part", help=argparse.SUPPRESS)
     p.add_argument("--side", help=argparse.SUPPRESS)

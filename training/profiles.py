@@ -98,7 +98,7 @@ _SFT_COMMON = {
     "weight_decay": 0.0,
     "checkpoint_every": 100,
     "gradient_checkpointing": True,
-    "logprob_chunk_tokens": 1024,
+    "logprob_chunk_tokens": 256,
     "chat": {"system_prompt": "", "instructions": {}, "from_verifiers": True},
 }
 _RL_COMMON = {
@@ -114,7 +114,7 @@ _RL_COMMON = {
     "checkpoint_every": 10,
     "rollout_engine": "auto",
     "gradient_checkpointing": True,
-    "logprob_chunk_tokens": 1024,
+    "logprob_chunk_tokens": 256,
     "max_tokens_per_micro_batch": 32768,
 }
 _EVAL_COMMON = {

@@ -189,7 +189,7 @@ class GRPOConfig(ConfigBase):
     updates_per_batch: int = 1
     micro_batch_size: int = 64
     max_tokens_per_micro_batch: int = 0
-    logprob_chunk_tokens: int = 1024
+    logprob_chunk_tokens: int = 256
     packed_groups: bool = True
     pack_where_cheaper: bool = True
     packed_attention: str = "auto"

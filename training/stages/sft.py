@@ -146,7 +146,7 @@ class SFTConfig(ConfigBase):
     lora: LoraSettings = field(default_factory=LoraSettings)
     precision: str = "auto"
     gradient_checkpointing: bool = False
-    logprob_chunk_tokens: int = 1024
+    logprob_chunk_tokens: int = 256
     optimizer_offload: bool = False
     keep_checkpoints: int = 2
     device: str = "auto"
