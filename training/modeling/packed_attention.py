@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 NAME = "posttrain_packed"
 KEYWORD = "packed_segments"
-_SWITCHABLE = ("sdpa", NAME)
 
 
 @dataclass
@@ -141,8 +140,26 @@ def takes_segments(model: Any) -> bool:
     return implementation(model) == NAME
 
 
-def _switch(model: Any, name: str) -> None:
-    model.set_attn_implementation(name)
+def forward_inputs(
+    model: Any,
+    what: str,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    segments: PackedSegments | None,
+) -> dict[str, Any]:
+    """The keywords of a forward over packed rows (`segments` None: the dense mask). A batch laid out by
+    segments for a model that enable() did not switch is refused, naming `what` it is and the model."""
+    inputs: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask}
+    if segments is None:
+        return inputs
+    if not takes_segments(model):
+        raise ValueError(
+            f"{what} laid out by segments reached {type(model).__name__}, whose attention is "
+            f"{implementation(model)!r}: switch it with packed_attention.enable() or lay the batch out with "
+            "attention='dense'"
+        )
+    return {**inputs, KEYWORD: segments}
 
 
 def enable(model: Any) -> bool:
@@ -152,17 +169,17 @@ def enable(model: Any) -> bool:
     current = implementation(model)
     if current == NAME:
         return True
-    if current not in _SWITCHABLE:
+    if current != "sdpa":
         return False
     register()
     try:
-        _switch(model, NAME)
+        model.set_attn_implementation(NAME)
     except (ValueError, AttributeError) as err:
         log.warning("packed attention: %s keeps the dense mask (cannot switch: %s)", type(model).__name__, err)
         return False
     ok, why = probe(model)
     if not ok:
-        _switch(model, current)
+        model.set_attn_implementation(current)
         log.warning("packed attention: %s keeps the dense mask (%s)", type(model).__name__, why)
     return ok
 

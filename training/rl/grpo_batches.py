@@ -76,17 +76,6 @@ class PackedGroups:
     engine_logprobs: torch.Tensor | None = None  # (N, L) the rollout engine's log-probs of each token
     segments: PackedSegments | None = None  # attention by segments instead of the dense mask
 
-    def model_inputs(self) -> dict[str, Any]:
-        """The keywords of the policy / reference forward over these rows."""
-        inputs: dict[str, Any] = {
-            "input_ids": self.input_ids,
-            "attention_mask": self.attention_mask,
-            "position_ids": self.position_ids,
-        }
-        if self.segments is not None:
-            inputs[packed_attention.KEYWORD] = self.segments
-        return inputs
-
 
 def build_batch(
     tokenizer: Any,
@@ -240,13 +229,9 @@ def completion_logprobs(
     scale = temperature if temperature > 0 else 1.0
     head = output_head(model) if chunk_tokens > 0 else None
     if isinstance(batch, PackedGroups):
-        if batch.segments is not None and not packed_attention.takes_segments(model):
-            raise ValueError(
-                f"a packed batch laid out by segments reached {type(model).__name__}, whose attention is "
-                f"{packed_attention.implementation(model)!r}: switch it with packed_attention.enable() or lay the "
-                "batch out with attention='dense'"
-            )
-        inputs = batch.model_inputs()
+        inputs = packed_attention.forward_inputs(
+            model, "a packed batch", batch.input_ids, batch.position_ids, batch.attention_mask, batch.segments
+        )
         if head is not None:
             hidden, _ = final_hidden(model, **inputs)  # (R, T, h)
             rows = batch.row_of.unsqueeze(-1).expand_as(batch.predictor)  # (N, L)

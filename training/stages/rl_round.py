@@ -196,6 +196,7 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
     # End of round: holdout check, samples table, the new policy.
     model.eval()
     holdout_after, holdout_rows = holdout_check(rnd.engine, holdout, cfg.max_new_tokens, rnd.fmt)
+    after_outcomes = task_outcomes(holdout_rows)
     ctx.mlflow.log_metrics(
         {
             **{f"holdout/{k}": v for k, v in holdout_after.items()},
@@ -217,17 +218,13 @@ def run_round(ctx: StageContext, round_: int) -> dict[str, Any]:
             "holdout_before": holdout_before,
             "holdout_after": holdout_after,
             # per task, so a reader can pair the two measurements (the gate's paired test) rather than compare rates
-            "holdout_outcomes": {"before": before_outcomes, "after": task_outcomes(holdout_rows)},
+            "holdout_outcomes": {"before": before_outcomes, "after": after_outcomes},
             "history": history,
         },
         "round_report.json",
     )
     ctx.progress(f"round {round_} done", step=cfg.steps, **{f"holdout/{k}": v for k, v in holdout_after.items()})
-    holdout_counts: dict[str, dict[str, int]] = {}
-    for row in holdout_rows:
-        c = holdout_counts.setdefault(row["domain"], {"passed": 0, "total": 0})
-        c["total"] += 1
-        c["passed"] += int(row["reward"] > 0)
+    holdout_counts = {d: {"passed": sum(o.values()), "total": len(o)} for d, o in after_outcomes.items()}
     rewards = [h["reward/all"] for h in history if "reward/all" in h]
     return {
         "round": round_,

@@ -217,16 +217,6 @@ class Batch:
         )
         return Batch(ids, loss, pos, attn, None if self.segments is None else self.segments.to(device))
 
-    def model_inputs(self) -> dict[str, Any]:
-        inputs: dict[str, Any] = {
-            "input_ids": self.input_ids,
-            "position_ids": self.position_ids,
-            "attention_mask": self.attention_mask,
-        }
-        if self.segments is not None:
-            inputs[packed_attention.KEYWORD] = self.segments
-        return inputs
-
 
 def pack(examples: list[Example], max_len: int, pad_id: int, packing: bool = True) -> list[list[Example]]:
     """Group examples into rows of at most max_len tokens (first fit, order kept); one per row if not packing."""
@@ -279,12 +269,9 @@ def response_loss(model: Any, batch: Batch, chunk_tokens: int = 0) -> tuple[torc
     """Mean next-token cross-entropy over response tokens. Returns (loss, number of trained tokens).
     With `chunk_tokens` > 0 and a plain output head, only the response positions go through the head, that many
     at a time (training.modeling.chunked_logprobs): no (T, V) logits exist. Equal to the full path to rounding."""
-    if batch.segments is not None and not packed_attention.takes_segments(model):
-        raise ValueError(
-            f"an SFT batch laid out by segments reached {type(model).__name__}, whose attention is "
-            f"{packed_attention.implementation(model)!r}: collate it with attention='dense'"
-        )
-    inputs = batch.model_inputs()
+    inputs = packed_attention.forward_inputs(
+        model, "an SFT batch", batch.input_ids, batch.position_ids, batch.attention_mask, batch.segments
+    )
     targets = batch.input_ids[:, 1:]  # (N, T-1)
     mask = batch.loss_mask[:, 1:]  # (N, T-1) token t+1 is trained when it is a response token
     n = int(mask.sum())
