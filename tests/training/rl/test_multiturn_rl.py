@@ -11,9 +11,9 @@ self-repair@2, first attempts not lower) is a mean over seeds: `python benchmark
 (docs/results.md, "Multi-turn RL").
 
 Why not the points on one seed: the tiny run hangs on float rounding. On two CPUs the same code and seed gave
-repair@2 gains of +17.9 and +8.9 points and first-attempt changes of +3.6 and -3.6 (two level-5 coin flips),
-while the repairs themselves (10 of 12 and 9 of 14 failed first attempts, against 2 of 14 and 2 of 12 for the
-single-turn model) told the same story on both.
+repair@2 gains above and below the +10 points and first attempts up and down by level-5 coin flips, while the
+repairs after a failed first attempt told the same story on both (docs/results.md, "The seed-fixed quality
+tests on two CPUs").
 """
 
 from __future__ import annotations

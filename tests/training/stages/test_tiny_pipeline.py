@@ -7,9 +7,9 @@ tasks, Holm across the domains). `python benchmarks/lift_seeds.py` runs this for
 `python benchmarks/tiny_dimensions.py` adds the evaluation's other dimensions.
 
 Why the gate's rule and not a fixed 1-point bound: the tiny run hangs on float rounding, and on another CPU the
-same seed and code gave code 0.821 -> 0.768 (3 of 56 holdout tasks, well inside the spread of a 56-task domain)
-while the other domains rose as here. A bound below one task's worth of a domain is a property of one float path;
-the gate's test is what decides whether the pipeline promotes.
+same seed and code lost code holdout tasks within a 56-task domain's spread while the other domains rose
+(docs/results.md, "The seed-fixed quality tests on two CPUs"). A bound below one task's worth of a domain is a
+property of one float path; the gate's test is what decides whether the pipeline promotes.
 """
 
 from __future__ import annotations
