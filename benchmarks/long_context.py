@@ -25,6 +25,13 @@ Sides, each in its own process so its peak RSS (ru_maxrss) is its own:
          micro-batch (its smallest), loss "bnpo" (token mean); SFT: SFTTrainer.compute_loss on the labelled row.
          TRL's generation is not run: both sides update on the same given completions.
 
+Every side uses the stages' AdamW (training.modeling.optimizers: fused where torch has the kernel, so on CPU).
+Ours also runs as a stage process does with freed host memory returned (training.modeling.host_memory: glibc's
+mmap threshold fixed at 1 MiB); today's and TRL's keep glibc's default, as a TRL process has it.
+`--same-allocator` gives every side the stages' setting, for an A/B. Beside the peak, each side's RSS when its
+step starts (the libraries, the model, TRL's trainer) is recorded, and the last column compares what the steps
+added above it.
+
 A side that runs out of memory reports it: every worker runs under an address-space limit (--memory-limit-gb,
 default 22 of the machine's 24) rather than waking the kernel's OOM killer. Step times on a shared machine
 wander: `--repeats` runs the sides interleaved and each side's best run counts; every run is printed.
@@ -107,6 +114,7 @@ def grpo(a: argparse.Namespace) -> dict[str, Any]:
     class Tok:
         pad_token_id = 0
 
+    mark_start()
     t0 = time.perf_counter()
     chunks = micro_batches(
         Tok(),
@@ -155,6 +163,7 @@ def grpo_trl(a: argparse.Namespace, model: Any, opt: Any, prompt: list[int], gro
         trainer.current_gradient_accumulation_steps = 1  # one completion per micro-batch, summed below
         dev = torch.device(a.device)
         n_tokens = GROUP * a.length
+        mark_start()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         total = 0.0
@@ -195,6 +204,7 @@ def sft(a: argparse.Namespace) -> dict[str, Any]:
     segments = a.side == "ours" and not a.dense_mask and packed_attention.enable(model)
     batch = collate([[example]], a.length, 0, "segments" if segments else "dense").to(torch.device(a.device))
     trl_loss = sft_trl(a, model, batch) if a.side == "trl" else None  # the trainer is built before the clock
+    mark_start()
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     if trl_loss is not None:
@@ -237,6 +247,15 @@ def sft_trl(a: argparse.Namespace, model: Any, batch: Any) -> Any:
     return lambda: trainer.compute_loss(trainer.model, inputs)
 
 
+START: dict[str, float] = {}
+
+
+def mark_start() -> None:
+    """The RSS now, as the step starts: the libraries, the model and (TRL) the trainer are in it."""
+    with open("/proc/self/statm") as f:
+        START["rss_mb"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def sync(a: argparse.Namespace) -> None:
     if a.device != "cpu":
         import torch
@@ -247,6 +266,11 @@ def sync(a: argparse.Namespace) -> None:
 def worker(a: argparse.Namespace) -> None:
     import logging
     import warnings
+
+    if a.side == "ours" or a.same_allocator:
+        from training.modeling import host_memory
+
+        host_memory.return_freed_memory()  # as training.stage.run_stage does, before anything is allocated
 
     import torch
     import transformers
@@ -263,6 +287,8 @@ def worker(a: argparse.Namespace) -> None:
             raise
         out = {"error": "out of memory"}
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if "rss_mb" in START:
+        out["start_rss_mb"] = START["rss_mb"]
     if a.device != "cpu":
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     print(RESULT + json.dumps(out), flush=True)
@@ -273,6 +299,7 @@ def run_side(a: argparse.Namespace, part: str, side: str, length: int) -> dict[s
     cmd = [sys.executable, __file__, "--worker", "--part", part, "--side", side, "--length", str(length)]
     cmd += ["--device", a.device, "--memory-limit-gb", str(a.memory_limit_gb), "--chunk", str(a.chunk)]
     cmd += ["--dense-mask"] if a.dense_mask else []
+    cmd += ["--same-allocator"] if a.same_allocator else []
     proc = subprocess.run(cmd, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT):
@@ -290,22 +317,27 @@ def table(results: dict[tuple[str, int, str], list[dict[str, Any]]], a: argparse
         if "error" in r:
             return r["error"]
         mem = f"{r['peak_rss_mb']:,.0f} MB" + (f" ({r['peak_cuda_mb']:,.0f} MB CUDA)" if "peak_cuda_mb" in r else "")
-        return f"{mem}, {r['seconds']:.1f} s"
+        return f"{mem}, {r['seconds']:.1f} s (start {r['start_rss_mb']:,.0f} MB)"
 
     lines = [
-        "| part | tokens a row | ours | today's path | TRL | ours / TRL peak | ours / today's step time |",
-        "|---|---|---|---|---|---|---|",
+        "| part | tokens a row | ours | today's path | TRL | ours / TRL peak | ours / today's step time "
+        "| ours / TRL above the start |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for part in a.parts:
         for length in a.lengths:
             b = {s: best(results[(part, length, s)]) for s in a.sides}
-            mem = time_ratio = "-"
+            mem = time_ratio = added = "-"
             if "ours" in b and "trl" in b and "error" not in b["ours"] and "error" not in b["trl"]:
-                mem = f"{b['ours']['peak_rss_mb'] / b['trl']['peak_rss_mb']:.2f}"
+                ours, trl = b["ours"], b["trl"]
+                mem = f"{ours['peak_rss_mb'] / trl['peak_rss_mb']:.2f}"
+                grown = [r["peak_rss_mb"] - r["start_rss_mb"] for r in (ours, trl)]
+                added = f"{grown[0] / grown[1]:.2f}"
             if "ours" in b and "today" in b and "error" not in b["ours"] and "error" not in b["today"]:
                 time_ratio = f"{b['ours']['seconds'] / b['today']['seconds']:.2f}"
             cells = [cell(b[s]) if s in b else "not run" for s in SIDES]
-            lines.append(f"| {part} | {PROMPT} + {length:,} | {' | '.join(cells)} | {mem} | {time_ratio} |")
+            row = f"| {part} | {PROMPT} + {length:,} | {' | '.join(cells)} | {mem} | {time_ratio} | {added} |"
+            lines.append(row)
     return "\n".join(lines)
 
 
@@ -320,6 +352,7 @@ def main() -> None:
     p.add_argument("--record", action="store_true", help="write the table into docs/results.md")
     p.add_argument("--chunk", type=int, default=CHUNK, help="ours: logprob_chunk_tokens (default %(default)s)")
     p.add_argument("--dense-mask", action="store_true", help="ours: keep the dense mask (no segments), for an A/B")
+    p.add_argument("--same-allocator", action="store_true", help="every side returns freed memory as ours does (A/B)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--part", help=argparse.SUPPRESS)
     p.add_argument("--side", help=argparse.SUPPRESS)
@@ -344,8 +377,9 @@ def main() -> None:
             f"`python benchmarks/long_context.py --lengths {' '.join(map(str, a.lengths))} --repeats {a.repeats}"
             f" --device {a.device}`: Qwen2 with random weights, V = 151,936, hidden 256, 4 layers, gradient "
             f"checkpointing; GRPO: one update of {GROUP} completions of the row's length after a {PROMPT}-token "
-            f"prompt; SFT: one step of one row. Peak RSS of the whole process (the model and AdamW are about 1 GB "
-            f"of it) and the step's time, best of {a.repeats}."
+            f"prompt; SFT: one step of one row. Peak RSS of the whole process (the model, its gradients and AdamW's "
+            f"moments are 1.2 GB of it, the libraries 0.4 GB), the RSS as the step starts, and the step's time, "
+            f"best of {a.repeats}" + ("; every side with the stages' host-memory setting." if a.same_allocator else ".")
         )
         lengths = ", ".join(f"{n:,}" for n in a.lengths)
         record(f"Long context at a real vocabulary ({a.device}; {lengths} tokens a row)", note + "\n\n" + body)

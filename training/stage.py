@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from training import lease, storage, tracking
 from training.config import ConfigBase
+from training.modeling import host_memory
 
 if TYPE_CHECKING:
     from training.tasksets.schema import Task
@@ -185,6 +186,7 @@ def run_stage(
     body: Callable[[StageContext], dict[str, Any] | None],
 ) -> StageResult:
     setup_logging()
+    host_memory.return_freed_memory()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return _run_stage_ranked(stage, config, run_uri, body)
     stage_uri = storage.join(run_uri, stage)

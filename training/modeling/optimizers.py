@@ -1,5 +1,11 @@
 """The optimizer every training stage uses: AdamW (Loshchilov & Hutter 2019) over the trainable parameters, on
-the device or, with `offload`, with its state and an fp32 master copy of the weights in CPU memory."""
+the device or, with `offload`, with its state and an fp32 master copy of the weights in CPU memory.
+
+Where torch has a fused kernel for the parameters (plain CPU or CUDA tensors; not FSDP's DTensor shards) the step
+is fused: one pass per parameter with no temporaries. torch's default on CPU is the per-parameter loop, whose
+`exp_avg_sq.sqrt() / bias_correction + eps` allocates a copy of each parameter: at a real vocabulary that is the
+embedding's and the head's size (155 MB each at V = 151,936, h = 256), on top of the moments the first step
+allocates, and it set the peak of a whole SFT step (benchmarks/long_context.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +29,19 @@ def adamw(
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if offload:
         return CPUOffloadAdamW(groups, lr=lr, betas=(betas[0], betas[1]))
-    return torch.optim.AdamW(groups, lr=lr, betas=(betas[0], betas[1]))
+    return torch.optim.AdamW(groups, lr=lr, betas=(betas[0], betas[1]), fused=fusable(decay + no_decay) or None)
+
+
+def fusable(params: Sequence[torch.Tensor]) -> bool:
+    """Whether torch's fused AdamW kernel takes every one of `params`: floating-point plain tensors on CPU or
+    CUDA. A DTensor (an FSDP2 / tensor-parallel shard) keeps torch's default path."""
+    return bool(params) and all(
+        type(p) in (torch.Tensor, torch.nn.Parameter)
+        and getattr(p, "device_mesh", None) is None
+        and p.device.type in ("cpu", "cuda")
+        and p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+        for p in params
+    )
 
 
 class CPUOffloadAdamW(torch.optim.Optimizer):
@@ -43,7 +61,10 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
             raise ValueError("optimizer_offload: the weights are FSDP shards; use FSDP's own CPU offload instead")
         self.shadows = [[_shadow(p) for p in g["params"]] for g in self.param_groups]
         self.inner = torch.optim.AdamW(
-            [{**_hyper(g), "params": s} for g, s in zip(self.param_groups, self.shadows)], lr=lr, betas=betas
+            [{**_hyper(g), "params": s} for g, s in zip(self.param_groups, self.shadows)],
+            lr=lr,
+            betas=betas,
+            fused=fusable([s for group in self.shadows for s in group]) or None,
         )
 
     @torch.no_grad()

@@ -55,3 +55,24 @@ def test_a_checkpointed_offloaded_optimizer_resumes_where_it_was() -> None:
     _steps(resumed, opt2, 3, start=3)
     for x, y in zip(straight.parameters(), resumed.parameters()):
         torch.testing.assert_close(y, x, atol=0, rtol=0)
+
+
+def test_the_stages_adamw_is_fused_on_cpu_and_makes_the_reference_loops_updates() -> None:
+    from training.modeling.optimizers import fusable
+
+    fused, loop = _model(), _model()
+    a = adamw(fused, 1e-2, [0.9, 0.95], 0.1)
+    assert a.defaults["fused"] is True  # no per-parameter sqrt temporary (the peak of a step at V = 152k)
+    decay = [p for p in loop.parameters() if p.dim() >= 2]
+    rest = [p for p in loop.parameters() if p.dim() < 2]
+    b = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+        lr=1e-2,
+        betas=(0.9, 0.95),
+        foreach=False,  # torch's own per-parameter loop, its CPU default
+    )
+    _steps(fused, a, 6)
+    _steps(loop, b, 6)
+    for x, y in zip(loop.parameters(), fused.parameters()):
+        torch.testing.assert_close(y, x, atol=1e-7, rtol=1e-6)
+    assert not fusable([]) and not fusable([torch.zeros(2, dtype=torch.long)])
