@@ -28,9 +28,15 @@ with DAG(
         spec=spec("build-taskset"),
         run_uri=RUN_URI,
         config="{{ stage_config('taskset', params) }}",
+        timeout="{{ stage_timeout('taskset', params) }}",
         pool="default_pool",
     )
     sft = PosttrainStageOperator(
-        task_id="sft", spec=spec("sft", gpus=1), run_uri=RUN_URI, config="{{ stage_config('sft', params) }}", pool="gpu"
+        task_id="sft",
+        spec=spec("sft", gpus=1),
+        run_uri=RUN_URI,
+        config="{{ stage_config('sft', params) }}",
+        timeout="{{ stage_timeout('sft', params) }}",
+        pool="gpu",
     )
     chain(taskset, sft, rounds_through_promotion(RUN_URI))

@@ -22,6 +22,7 @@ from operators.pipeline import (
     run_slug,
     spec,
     stage_config,
+    stage_timeout,
 )
 from operators.stage_operator import PosttrainStageOperator
 
@@ -38,7 +39,12 @@ with DAG(
         "profile": Param("tiny", enum=["tiny", "data"]),
         "seed": Param(0, type="integer"),
     },
-    user_defined_macros={"run_slug": run_slug, "stage_config": stage_config, "feedback": feedback},
+    user_defined_macros={
+        "run_slug": run_slug,
+        "stage_config": stage_config,
+        "stage_timeout": stage_timeout,
+        "feedback": feedback,
+    },
     **DAG_DEFAULTS,
 ) as dag:
     imported = PosttrainStageOperator(
@@ -62,6 +68,7 @@ with DAG(
         stage_args=["--set", f"previous={TASKSETS_ROOT}"],
         run_uri=BUILD_URI,
         config="{{ stage_config('taskset', params) }}",
+        timeout="{{ stage_timeout('taskset', params) }}",
         trigger_rule="none_failed",  # a skipped import (no feedback configured) still builds
     )
     publish = PosttrainStageOperator(

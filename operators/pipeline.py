@@ -109,6 +109,16 @@ def feedback(params: dict[str, Any]) -> dict[str, str]:
     return {k: str(found.get(k) or "") for k in ("inbox", "root", "domain", "verifier")}
 
 
+def stage_timeout(stage: str, params: dict[str, Any]) -> str:
+    """The stage's wall-clock limit in seconds from its recipe's `timeouts` (`rl_round_N`, else `rl_round` for a
+    round), as the string the operator's templated `timeout` takes; "" keeps the StageSpec's."""
+    found = run_params(params).get("timeouts") or {}
+    value = found.get(stage)
+    if value is None and stage.startswith("rl_round_"):
+        value = found.get("rl_round")
+    return "" if value is None else str(recipes.duration_s(value))
+
+
 def promote_config(params: dict[str, Any], approval: dict[str, Any] | None) -> str:
     """The promote stage's config: the form's, plus who approved the candidate and when (as version tags)."""
     from operators.approval import approval_tags
@@ -125,6 +135,7 @@ MACROS: dict[str, Any] = {
     "run_slug": run_slug,
     "stage_config": stage_config,
     "promote_config": promote_config,
+    "stage_timeout": stage_timeout,
     "model_name": model_name,
     "rounds": rounds,
     "feedback": feedback,
@@ -205,6 +216,7 @@ def rounds_through_promotion(run_uri: str) -> Any:
             spec=spec("rl-round", "--round", str(n), gpus=1),
             run_uri=run_uri,
             config=f"{{{{ stage_config('rl_round_{n}', params) }}}}",
+            timeout=f"{{{{ stage_timeout('rl_round_{n}', params) }}}}",
             enabled=f"{{{{ rounds(params) >= {n} }}}}",
             pool="gpu",
         )
@@ -215,11 +227,16 @@ def rounds_through_promotion(run_uri: str) -> Any:
         spec=spec("evaluate", gpus=1),
         run_uri=run_uri,
         config="{{ stage_config('evaluate', params) }}",
+        timeout="{{ stage_timeout('evaluate', params) }}",
         pool="sandbox",
         trigger_rule="none_failed",
     )
     gate = PosttrainStageOperator(
-        task_id="gate", spec=spec("gate"), run_uri=run_uri, config="{{ stage_config('gate', params) }}"
+        task_id="gate",
+        spec=spec("gate"),
+        run_uri=run_uri,
+        config="{{ stage_config('gate', params) }}",
+        timeout="{{ stage_timeout('gate', params) }}",
     )
     # Stage tasks take their queue from their stage (operators/queues.py); the control tasks are cpu work.
     approval = PromotionApproval(
@@ -243,6 +260,7 @@ def rounds_through_promotion(run_uri: str) -> Any:
         spec=spec("promote"),
         run_uri=run_uri,
         config="{{ promote_config(params, ti.xcom_pull(task_ids='approval')) }}",
+        timeout="{{ stage_timeout('promote', params) }}",
     )
     blocked = EmptyOperator(task_id="blocked", queue=QUEUES.cpu)
     end = EndTrackingOperator(task_id="end_tracking", run_uri=run_uri, queue=QUEUES.cpu).as_teardown()

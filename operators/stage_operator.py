@@ -39,11 +39,13 @@ class PosttrainStageOperator(BaseOperator):
         token); undefined = the worker's POSTTRAIN_SANDBOX_URL/TOKEN, else stages use their local sandbox.
     :param private_env: secrets for the stage; never templated, never rendered in the UI.
     :param queue: the executor queue; default: the stage kind's (operators/queues.py: gpu, cpu or sandbox).
+    :param timeout: templated; the stage's wall-clock limit in seconds (the launcher stops it past that), e.g.
+        ``"{{ stage_timeout('sft', params) }}"`` for its recipe's; empty keeps the spec's ``timeout_s``.
     :param enabled: templated; when it renders false ("False", "0", "") the task is skipped, e.g.
         ``"{{ params.rounds >= 3 }}"`` for a round beyond the requested number.
     """
 
-    template_fields: Sequence[str] = ("run_uri", "config", "stage_args", "enabled")
+    template_fields: Sequence[str] = ("run_uri", "config", "stage_args", "enabled", "timeout")
     template_fields_renderers = {"config": "json"}
     operator_extra_links = (MlflowRunLink(), CheckpointLink())
     ui_color = "#e8f0fe"
@@ -61,6 +63,7 @@ class PosttrainStageOperator(BaseOperator):
         sandbox_conn_id: str | None = SandboxServiceHook.default_conn_name,
         private_env: dict[str, str] | None = None,
         enabled: str | bool = True,
+        timeout: str | int | None = None,
         kubernetes_namespace: str = "posttrain",
         **kwargs: Any,
     ) -> None:
@@ -82,6 +85,7 @@ class PosttrainStageOperator(BaseOperator):
         self.sandbox_conn_id = sandbox_conn_id
         self.private_env = private_env or {}
         self.enabled = enabled
+        self.timeout = timeout
         self.kubernetes_namespace = kubernetes_namespace
         self._launcher: Launcher | None = None
 
@@ -126,7 +130,7 @@ class PosttrainStageOperator(BaseOperator):
             from airflow.exceptions import AirflowSkipException
 
             raise AirflowSkipException(f"stage {self.spec.command} {' '.join(self.stage_args)} not requested")
-        spec = self.spec.with_(args=tuple(self.spec.args) + tuple(self.stage_args))
+        spec = self.spec.with_(args=tuple(self.spec.args) + tuple(self.stage_args), timeout_s=self.timeout_s())
         argv = spec.argv(self.run_uri, self.config)
         self.log.info("launching (%s): %s", spec.launcher, " ".join(argv))
         self._launcher = self.make_launcher()
@@ -145,6 +149,19 @@ class PosttrainStageOperator(BaseOperator):
             raise StageFailed(f"stage {spec.command} exited 0 but printed no {RESULT_PREFIX.strip()} line")
         self._persist_links(context, result)
         return result
+
+    def timeout_s(self) -> int:
+        """The rendered `timeout` in whole seconds, else the spec's `timeout_s`."""
+        value = str(self.timeout if self.timeout is not None else "").strip()
+        if not value:
+            return self.spec.timeout_s
+        try:
+            seconds = int(float(value))
+        except ValueError:
+            raise ValueError(f"stage {self.spec.command}: timeout {value!r} is not a number of seconds") from None
+        if seconds < 1:
+            raise ValueError(f"stage {self.spec.command}: timeout must be at least 1 second, got {value!r}")
+        return seconds
 
     def _persist_links(self, context: Any, result: dict[str, Any]) -> None:
         if result.get("mlflow_run_id"):

@@ -22,6 +22,15 @@ per-stage override (`stages`):
       domain: support
     stages:
       rl_round: {steps: 50}
+    timeouts:
+      sft: 4h
+      rl_round: 8h
+      rl_round_3: 12h
+
+`timeouts` (optional) is each stage's wall-clock limit: seconds, or a number with s, m, h or d. The launcher
+stops a stage past it (the process, the container or the pod's activeDeadlineSeconds) and the task fails, so a
+hung stage does not hold its GPU pool slot for the 6-hour default. `rl_round` is every round's; `rl_round_N`
+one round's.
 
 `feedback` (optional) is where production feedback arrives: `taskset_refresh` imports every new file in
 `inbox` (`posttrain feedback import`, training/tasksets/feedback.py) as a batch under `root` (default
@@ -39,6 +48,7 @@ run parameters training/run_config.py builds every stage's config from, for the 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +111,7 @@ class Recipe(ConfigBase):
     domains: dict[str, dict[str, Any]] = field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
     feedback: dict[str, Any] = field(default_factory=dict)
+    timeouts: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -112,6 +123,33 @@ class Recipe(ConfigBase):
         unknown = sorted(set(self.stages) - set(STAGES) - {f"rl_round_{n}" for n in range(1, 9)})
         if unknown:
             raise ValueError(f"stages: unknown stage(s) {unknown}; known: {', '.join(STAGES)}, rl_round_N")
+        unknown = sorted(set(self.timeouts) - set(STAGES) - {f"rl_round_{n}" for n in range(1, 9)})
+        if unknown:
+            raise ValueError(f"timeouts: unknown stage(s) {unknown}; known: {', '.join(STAGES)}, rl_round_N")
+        for stage, value in self.timeouts.items():
+            try:
+                duration_s(value)
+            except ValueError as e:
+                raise ValueError(f"timeouts.{stage}: {e}") from None
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(value: Any) -> int:
+    """Seconds from a number of seconds or a string such as "90m", "8h", "1.5d"; refuses zero and below."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected seconds or a duration such as '8h', got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(value))
+        if not match:
+            raise ValueError(f"expected seconds or a duration such as '8h', got {value!r}")
+        seconds = float(match[1]) * _UNITS[match[2] or "s"]
+    if seconds < 1:
+        raise ValueError(f"a timeout must be at least 1 second, got {value!r}")
+    return int(seconds)
 
 
 def recipe_path(name: str) -> Path:
@@ -185,4 +223,5 @@ def recipe_params(recipe: Recipe) -> dict[str, Any]:
         "mix": {name: d.weight for name, d in domains.items()},
         "stage_overrides": overrides,
         **({"feedback": feedback} if feedback else {}),
+        **({"timeouts": {k: duration_s(v) for k, v in recipe.timeouts.items()}} if recipe.timeouts else {}),
     }

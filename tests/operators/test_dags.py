@@ -235,3 +235,44 @@ def test_gate_and_promote_through_airflow(airflow_db, tmp_path, monkeypatch, imp
     else:
         assert states["promote"] == "skipped" and states["blocked"] == "success"
         assert registry.champion(name) is None
+
+
+def test_a_recipes_timeouts_reach_each_stage_task(tmp_path: Path, dagbag) -> None:
+    """The DAGs' stage tasks render their recipe's timeout (a round falls back to `rl_round`), and the operator
+    launches the stage with it: a real process, stopped by the launcher when it runs past."""
+    import sys
+
+    from operators.launchers.base import StageTimeout
+    from operators.launchers.local import LocalProcessLauncher
+    from operators.pipeline import MACROS
+    from tests.training.test_recipes import write_recipe
+
+    path = write_recipe(tmp_path, timeouts={"sft": "4h", "rl_round": "8h", "rl_round_2": 1, "taskset": "30m"})
+    params = {"recipe": str(path)}
+    rendered = {}
+    for dag_id in ("post_training", "taskset_refresh"):
+        for task in dagbag.dags[dag_id].tasks:
+            if getattr(task, "timeout", None):
+                rendered[(dag_id, task.task_id)] = jinja2.Template(task.timeout).render(**MACROS, params=params)
+    assert rendered[("post_training", "build_taskset")] == rendered[("taskset_refresh", "build_taskset")] == "1800"
+    assert rendered[("post_training", "sft")] == "14400"
+    assert rendered[("post_training", "rl_round_1")] == "28800" and rendered[("post_training", "rl_round_2")] == "1"
+    assert rendered[("post_training", "evaluate")] == rendered[("post_training", "gate")] == ""  # the spec's
+
+    class Sleeper(LocalProcessLauncher):  # the stage's command swapped for one that outlives its timeout
+        def run(self, spec, argv, env, on_line):  # type: ignore[no-untyped-def]
+            launched.append(spec)
+            return super().run(spec, [sys.executable, "-c", "import time; time.sleep(60)"], env, on_line)
+
+    launched: list = []
+    op = dagbag.dags["post_training"].get_task("rl_round_2")
+    timeout = rendered[("post_training", "rl_round_2")]
+    op = op.__class__(task_id="rl_round_2_probe", spec=op.spec, run_uri="file:///tmp/none", timeout=timeout)
+    op.make_launcher = lambda: Sleeper(grace_s=1)  # type: ignore[method-assign]
+    op.stage_env = lambda: {}  # type: ignore[method-assign]
+    with pytest.raises(StageTimeout, match="timeout of 1s"):
+        op.execute({})
+    assert launched[0].timeout_s == 1 and op.spec.timeout_s == 6 * 3600
+    op.timeout = "soon"
+    with pytest.raises(ValueError, match="timeout 'soon' is not a number of seconds"):
+        op.execute({})

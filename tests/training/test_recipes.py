@@ -73,6 +73,9 @@ def test_a_recipe_gives_the_run_parameters(tmp_path: Path) -> None:
         ({"domains": {"math": {"sources": [{"path": "x"}], "wieght": 2}}}, "domains.math: unknown key(s) wieght"),
         ({"feedback": {"domain": "math"}}, "feedback: inbox: where the feedback files arrive"),
         ({"feedback": {"inbox": "/in", "rooot": "s3://x"}}, "feedback: unknown key(s) rooot"),
+        ({"timeouts": {"sfft": "1h"}}, "timeouts: unknown stage(s) ['sfft']"),
+        ({"timeouts": {"sft": "soon"}}, "timeouts.sft: expected seconds or a duration such as '8h', got 'soon'"),
+        ({"timeouts": {"gate": 0}}, "timeouts.gate: a timeout must be at least 1 second"),
     ],
 )
 def test_a_bad_recipe_names_the_file_and_the_key(tmp_path: Path, changes, words) -> None:
@@ -138,3 +141,14 @@ def test_a_recipe_with_feedback_imports_its_inbox_and_builds_from_its_batches(tm
     plain = {"recipe": str(write_recipe(tmp_path))}
     assert feedback(plain)["inbox"] == "" and "feedback" not in json.loads(stage_config("taskset", plain))
     assert feedback({})["inbox"] == ""
+
+
+def test_durations_in_seconds() -> None:
+    from training.recipes import duration_s
+
+    assert [duration_s(v) for v in (30, 90.5, "45", "90m", "8h", "1.5d", " 2 h ")] == [
+        30, 90, 45, 5400, 28800, 129600, 7200,
+    ]  # fmt: skip
+    for bad in ("8 hours", "-1h", True, "", "1w"):
+        with pytest.raises(ValueError):
+            duration_s(bad)
