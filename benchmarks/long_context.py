@@ -382,7 +382,9 @@ def main() -> None:
             f"best of {a.repeats}" + ("; every side with the stages' host-memory setting." if a.same_allocator else ".")
         )
         lengths = ", ".join(f"{n:,}" for n in a.lengths)
-        record(f"Long context at a real vocabulary ({a.device}; {lengths} tokens a row)", note + "\n\n" + body)
+        same = "; every side returning freed memory" if a.same_allocator else ""
+        title = f"Long context at a real vocabulary ({a.device}; {lengths} tokens a row{same})"
+        record(title, note + "\n\n" + body)
 
 
 if __name__ == "__main__":

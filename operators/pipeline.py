@@ -145,6 +145,9 @@ MACROS: dict[str, Any] = {
 # Processes per node for the stages that train (sft, rl-round): > 1 runs them under torchrun (DDP/FSDP).
 NPROC_PER_NODE = int(os.environ.get("POSTTRAIN_NPROC_PER_NODE", "1"))
 DISTRIBUTED_STAGES = ("sft", "rl-round")
+# Restarts of a torchrun stage whose rank failed, before the task fails: in place, from the last checkpoint,
+# without Airflow rescheduling the task (a lost rank on a busy GPU pool would otherwise wait for a slot again).
+MAX_RESTARTS = int(os.environ.get("POSTTRAIN_MAX_RESTARTS", "2"))
 
 
 def spec(command: str, *args: str, gpus: int = 0) -> StageSpec:
@@ -156,6 +159,7 @@ def spec(command: str, *args: str, gpus: int = 0) -> StageSpec:
         image=TRAIN_IMAGE,
         gpus=max(gpus, nproc) if LAUNCHER != "local" and gpus else 0,
         nproc_per_node=nproc,
+        max_restarts=MAX_RESTARTS if nproc > 1 else 0,
     )
 
 

@@ -29,6 +29,9 @@ class StageSpec:
                over several processes; other stages ignore the extra ranks' absence.
     nnodes:    nodes; > 1 only on Kubernetes, as a PyTorchJob (operators/launchers/kubernetes.py).
     rdzv_port: the rendezvous port of a multi-node run (rank 0's pod serves it).
+    max_restarts: under torchrun, how many times a failed rank restarts the stage's processes (torchrun's
+               elastic agent ends every rank and starts them again, on every node); they resume from the
+               stage's last checkpoint. Past that the stage fails and Airflow's retries take over.
     """
 
     command: str
@@ -44,6 +47,7 @@ class StageSpec:
     nproc_per_node: int = 1
     nnodes: int = 1
     rdzv_port: int = 29500
+    max_restarts: int = 0
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -52,6 +56,8 @@ class StageSpec:
             raise ValueError(f"gpus must be >= 0, got {self.gpus}")
         if self.nproc_per_node < 1 or self.nnodes < 1:
             raise ValueError(f"nproc_per_node and nnodes must be >= 1, got {self.nproc_per_node}, {self.nnodes}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
         if self.nnodes > 1 and self.launcher != "kubernetes":
             raise ValueError(f"nnodes={self.nnodes}: several nodes need the kubernetes launcher (a PyTorchJob)")
 
@@ -72,10 +78,13 @@ class StageSpec:
 
 
 def torchrun_argv(spec: StageSpec, argv: list[str]) -> list[str]:
-    """`posttrain <stage> ...` under torchrun. One node: `--standalone` (a private rendezvous on localhost).
+    """`posttrain <stage> ...` under torchrun, with `--max-restarts` when the spec allows restarts. One node:
+    `--standalone` (a private rendezvous on localhost).
     Several nodes: c10d rendezvous at $(MASTER_ADDR):rdzv_port, which the PyTorchJob sets on every pod.
     `--` ends torchrun's options: without it torchrun's parser takes `--run` for its own `--run-path`."""
     head = ["torchrun", "--nproc-per-node", str(spec.nproc_per_node)]
+    if spec.max_restarts:
+        head += ["--max-restarts", str(spec.max_restarts)]
     if spec.nnodes == 1:
         head += ["--standalone"]
     else:
@@ -90,3 +99,11 @@ def torchrun_argv(spec: StageSpec, argv: list[str]) -> list[str]:
             "$(POSTTRAIN_RDZV_ID)",
         ]
     return [*head, "-m", "training.cli", "--", *argv[1:]]
+
+
+def torchrun_env(spec: StageSpec) -> dict[str, str]:
+    """The environment torchrun needs for `spec`. With restarts, the ranks' process group gets a TCP store of
+    its own instead of sharing the rendezvous store: the shared store's keys outlive a restart, and a restarted
+    rank can read the ended group's addresses and fail to connect (pytorch/pytorch#135712; here gloo's
+    connectFullMesh was refused on the first restart)."""
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.distributed and spec.max_restarts else {}

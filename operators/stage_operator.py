@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 
 from operators.launchers.base import Launcher
 from operators.queues import QUEUES
-from operators.spec import LAUNCHERS, StageSpec
+from operators.spec import LAUNCHERS, StageSpec, torchrun_env
 from plugins.hooks import DockerEngineHook, MlflowHook, ObjectStoreHook, SandboxServiceHook
 from plugins.links import CheckpointLink, MlflowRunLink
 from training.stage import RESULT_PREFIX, parse_result  # stdlib-only at import time: no torch here
@@ -116,6 +116,7 @@ class PosttrainStageOperator(BaseOperator):
 
     def stage_env(self) -> dict[str, str]:
         return {
+            **torchrun_env(self.spec),
             **self.spec.env,
             **self.object_store_hook.stage_env(),
             **self.mlflow_hook.stage_env(),

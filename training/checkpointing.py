@@ -146,13 +146,15 @@ KILL_ENV = "POSTTRAIN_KILL_AFTER_CHECKPOINT"
 
 def _maybe_crash(stage_uri: str, step: int) -> None:
     """Fault injection for the kill-and-retry tests: `POSTTRAIN_KILL_AFTER_CHECKPOINT=<stage>:<step>` SIGKILLs
-    this process right after that checkpoint is committed. It is a real crash, at a point a test cannot hit
-    reliably from outside; a retry resumes from that checkpoint and never writes it again, so it fires once."""
+    this process right after that checkpoint is committed, `<stage>:<step>:<rank>` only torchrun's rank <rank>
+    (a lost rank). It is a real crash, at a point a test cannot hit reliably from outside; a retry resumes from
+    that checkpoint and never writes it again, so it fires once."""
     import os
     import signal
 
     target = os.environ.get(KILL_ENV, "")
-    if target and target == f"{stage_uri.rstrip('/').rsplit('/', 1)[-1]}:{step}":
+    here = f"{stage_uri.rstrip('/').rsplit('/', 1)[-1]}:{step}"
+    if target and target in (here, f"{here}:{os.environ.get('RANK', '0')}"):
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -189,3 +189,27 @@ def test_spec_rejects_several_nodes_outside_kubernetes() -> None:
     with pytest.raises(ValueError, match=">= 1"):
         StageSpec("sft", nproc_per_node=0)
     assert StageSpec("gate").argv("s3://b/r", None) == ["posttrain", "gate", "--run", "s3://b/r"]
+
+
+def test_torchrun_stages_restart_a_lost_rank_as_configured() -> None:
+    """--max-restarts reaches torchrun (one node and several); the DAGs' training stages get the deployment's
+    POSTTRAIN_MAX_RESTARTS when they run over several processes, none in one process. The restart itself is
+    tests/training/modeling/test_distributed.py's: rank 1 of a 2-rank FSDP round SIGKILLed, the round resumed."""
+    import operators.pipeline as pipeline
+    from operators.spec import torchrun_env
+
+    one = StageSpec("rl-round", nproc_per_node=2, max_restarts=3).argv("s3://b/r", None)
+    assert one[:7] == ["torchrun", "--nproc-per-node", "2", "--max-restarts", "3", "--standalone", "-m"]
+    nodes = StageSpec("sft", launcher="kubernetes", nproc_per_node=8, nnodes=2, max_restarts=1).argv("", None)
+    assert nodes[3:5] == ["--max-restarts", "1"] and "--rdzv-backend" in nodes
+    assert "--max-restarts" not in StageSpec("sft", nproc_per_node=2).argv("", None)
+    assert torchrun_env(StageSpec("sft", nproc_per_node=2, max_restarts=1)) == {
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"
+    }
+    assert torchrun_env(StageSpec("sft", nproc_per_node=2)) == torchrun_env(StageSpec("sft", max_restarts=1)) == {}
+    with pytest.raises(ValueError, match="max_restarts must be >= 0"):
+        StageSpec("sft", max_restarts=-1)
+    with mock.patch.object(pipeline, "NPROC_PER_NODE", 4), mock.patch.object(pipeline, "MAX_RESTARTS", 5):
+        assert pipeline.spec("rl-round").max_restarts == 5 and pipeline.spec("gate").max_restarts == 0
+    with mock.patch.object(pipeline, "NPROC_PER_NODE", 1), mock.patch.object(pipeline, "MAX_RESTARTS", 5):
+        assert pipeline.spec("rl-round").max_restarts == 0  # one process: nothing for torchrun to restart

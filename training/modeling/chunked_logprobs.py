@@ -47,7 +47,7 @@ def output_head(model: Any) -> torch.nn.Linear | None:
     if any(type(m).__name__.startswith("FSDP") for m in inner.modules()):
         # FSDP2's fully_shard (class FSDP<Model>) reshards and gathers weights around its own forward and
         # reduce-scatters their gradients from its hooks; a head used after that forward is outside both, so a
-        # sharded model keeps the full path. (The RL round also turns chunking off under multi-rank FSDP.)
+        # sharded model keeps the full path, and an RL round's reference with it (rl.round.one_logprob_path).
         return None
     get = getattr(inner, "get_output_embeddings", None)
     head = get() if callable(get) else None

@@ -29,6 +29,7 @@ from training.environments.planting import mirrored_plants, planted_attempts
 from training.evaluation.holdout import engine_text
 from training.modeling import distributed, packed_attention
 from training.modeling.chat import PromptFormat, fitting_tasks
+from training.modeling.chunked_logprobs import output_head
 from training.modeling.lora import merged_state_dict
 from training.modeling.models import context_limit, prompt_limit
 from training.modeling.optimizers import adamw
@@ -111,6 +112,28 @@ class StepSamples:
         self.kept, self.splits = self.kept[:n], self.splits[:n]
 
 
+def one_logprob_path(cfg: GRPOConfig, trainer: Any) -> GRPOConfig:
+    """`cfg` with `logprob_chunk_tokens` 0 where the policy cannot take the chunked head (an FSDP shard, a LoRA
+    or quantised head, transformed logits: chunked_logprobs.output_head is None for it), so that the reference
+    takes the full log-softmax too, and `cfg` as it is otherwise.
+
+    Why the reference follows the policy: at the start of a step the two can be the same weights (the first
+    step, and every step with no reward signal), and the KL penalty's gradient is then exactly 0 only when both
+    log-probs come out of the same arithmetic. Computed two ways they differ by float rounding (about 1e-7), and
+    AdamW divides that gradient by its own running root mean square: an update of the order of lr on every
+    weight, in a direction that is rounding noise. tests/training/modeling/test_distributed.py's 2-rank FSDP
+    round showed it: a sharded policy (full path) against an unsharded reference (chunked) moved away from it
+    over two steps without reward, and its loss left the 1-process round's at the first rewarded step."""
+    if cfg.logprob_chunk_tokens and output_head(trainer) is None:
+        log.info(
+            "rl_round: the policy's output head cannot be chunked (%s); policy and reference take the full "
+            "log-softmax alike",
+            "FSDP shards" if distributed.is_sharded(distributed.unwrap(trainer)) else "not a plain Linear head",
+        )
+        return dataclasses.replace(cfg, logprob_chunk_tokens=0)
+    return cfg
+
+
 def packed_layout_attention(cfg: GRPOConfig, model: Any, ref_model: Any | None) -> str:
     """ "segments" where packed micro-batches can attend by segments: packed_groups, packed_attention "auto", and
     the policy and the reference (one forward each per micro-batch) both switched by packed_attention.enable();
@@ -163,12 +186,7 @@ class Round:
         trainer: Any = None,
         rollout_model: Any = None,
     ) -> Round:
-        if distributed.world_size() > 1 and cfg.parallel.strategy == "fsdp" and cfg.logprob_chunk_tokens:
-            # Under FSDP over several ranks the chunked head's round left the 1-process losses (from step 3 of
-            # tests/training/modeling/test_distributed.py's round; SFT's FSDP loss matched): the full path until
-            # the cause is found.
-            log.warning("rl_round: parallel.strategy=fsdp over several ranks takes the full log-softmax")
-            cfg = dataclasses.replace(cfg, logprob_chunk_tokens=0)
+        cfg = one_logprob_path(cfg, model if trainer is None else trainer)
         fmt = PromptFormat(tokenizer, getattr(tokenizer, "chat_settings", None), model.generation_config)
         limit = prompt_limit(cfg.max_prompt_tokens, model, cfg.max_new_tokens)
         train_tasks, dropped = fitting_tasks(fmt, train_tasks, limit)

@@ -203,3 +203,42 @@ def test_a_lora_policy_gets_the_same_adapter_gradients() -> None:
 def test_the_copy_of_a_model_keeps_its_head() -> None:
     model = _gpt2()
     assert output_head(copy.deepcopy(model)) is not None
+
+
+def test_the_reference_takes_the_policys_path() -> None:
+    """A policy whose head cannot be chunked takes the full log-softmax, and the round's config then sends the
+    reference there too (rl.round.one_logprob_path): two paths differ by rounding, which AdamW makes a step."""
+    from peft import LoraConfig, get_peft_model
+
+    from training.rl.config import GRPOConfig
+    from training.rl.round import one_logprob_path
+
+    cfg = GRPOConfig(logprob_chunk_tokens=256)
+    assert one_logprob_path(cfg, _qwen2()) is cfg
+    lora_head = get_peft_model(_qwen2(), LoraConfig(r=2, target_modules=["lm_head", "q_proj"]))
+    assert one_logprob_path(cfg, lora_head).logprob_chunk_tokens == 0
+    full = GRPOConfig(logprob_chunk_tokens=0)
+    assert one_logprob_path(full, lora_head) is full
+
+    # the effect it prevents: policy == reference, log-probs two ways, one AdamW step on the KL penalty alone
+    model = _qwen2()
+    prompts, groups = _groups(997)
+    batch = pack_groups(prompts, groups, torch.zeros(6), 0, torch.device("cpu"))
+    mask = batch.completion_mask.float()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        ref_same, ref_other = (completion_logprobs(model, batch, 1.0, chunk_tokens=k) for k in (0, 3))
+    for ref, moves in ((ref_same, False), (ref_other, True)):
+        opt.zero_grad(set_to_none=True)
+        logp = completion_logprobs(model, batch, 1.0, chunk_tokens=0)
+        kl = torch.exp(ref - logp) - (ref - logp) - 1  # k3, zero with zero gradient where ref == logp
+        ((kl * mask).sum() / mask.sum()).backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        opt.step()
+        moved = max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before))
+        if moves:
+            assert max(float(g.abs().max()) for g in grads) < 1e-6  # a rounding-sized gradient ...
+            assert moved > 1e-4  # ... and an lr-sized step (AdamW divides by the gradient's own scale)
+        else:
+            assert all(float(g.abs().max()) == 0 for g in grads) and moved == 0

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,20 +68,15 @@ def test_parallel_config_validation() -> None:
 
 # ----- 2 processes under torchrun -------------------------------------------------------------------------------
 def torchrun(
-    args: list[str], nproc: int = 2, env: dict[str, str] | None = None, check: bool = True
+    args: list[str], nproc: int = 2, env: dict[str, str] | None = None, check: bool = True, max_restarts: int = 0
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        "-m",
-        "training.cli",
-        "--",
-        *args,
-    ]
+    """The stage as the launchers start it (operators/spec.py's torchrun argv), torchrun run as a module."""
+    from operators.spec import StageSpec, torchrun_argv, torchrun_env
+
+    spec = StageSpec(args[0], nproc_per_node=nproc, max_restarts=max_restarts)
+    argv = torchrun_argv(spec, ["posttrain", *args])
+    env = {**torchrun_env(spec), **(env or {})}
+    cmd = [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
     out = subprocess.run(
         cmd,
         cwd=ROOT,
@@ -178,7 +174,7 @@ def easy_sft_run(tmp_path_factory: pytest.TempPathFactory) -> str:
         os.environ["MLFLOW_TRACKING_URI"] = saved
 
 
-def _round(run: str, cfg: dict, **kwargs) -> subprocess.CompletedProcess[str]:
+def _round(run: str, cfg: dict, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return torchrun(["rl-round", "--round", "1", "--run", run, "--config", json.dumps(cfg)], **kwargs)
 
 
@@ -212,15 +208,18 @@ def test_grpo_round_ddp_fsdp_match_one_process_and_a_killed_rank_resumes(easy_sf
             assert abs(b["train/loss"] - a["train/loss"]) <= LOSS_TOLERANCE, (strategy, a["step"])
         assert results[strategy]["world_size"] == 2
 
-    # Kill the ranks right after the step-3 checkpoint (a real SIGKILL of the rank processes), then retry.
+    # Lose rank 1 right after the step-3 checkpoint (a real SIGKILL of that rank's process). torchrun, started
+    # as the launchers start a stage with restarts (--max-restarts), ends rank 0 and starts both again; they
+    # resume from the sharded checkpoint and finish as the uninterrupted round did.
     killed = _copy(easy_sft_run, tmp_path / "killed", ("taskset", "sft"))
     cfg = {**ROUND, "parallel": {**ROUND["parallel"], "strategy": "fsdp"}}
-    out = _round(killed, cfg, env={"POSTTRAIN_KILL_AFTER_CHECKPOINT": "rl_round_1:3"}, check=False)
-    assert out.returncode != 0 and storage.read_manifest(storage.join(killed, "rl_round_1")) is None
+    out = _round(killed, cfg, env={"POSTTRAIN_KILL_AFTER_CHECKPOINT": "rl_round_1:3:1"}, max_restarts=1)
+    assert "(exitcode: -9) local_rank: 1" in out.stderr, out.stderr[-3000:]  # rank 1 really died, by SIGKILL
+    assert out.stderr.count("[lease] attempt ") == 2, out.stderr[-3000:]  # and the group ran again, in this torchrun
     ckpt = storage.require_manifest(storage.checkpoint_uri(storage.join(killed, "rl_round_1"), 3))
     assert {"dcp/.metadata", "rng/rank-0.pt", "rng/rank-1.pt"} <= set(ckpt.files)
     assert any(name.startswith("dcp/__1_") for name in ckpt.files), "rank 1 uploaded its own shard"
-    retried = stage.parse_result(_round(killed, cfg).stdout)["summary"]
+    retried = stage.parse_result(out.stdout)["summary"]
     assert retried["resumed_from"] == 3
     for key in ("holdout_before", "holdout_after", "final_train_metrics"):
         assert retried[key] == results["fsdp"][key], key
