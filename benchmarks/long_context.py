@@ -66,6 +66,7 @@ GROUP = 8
 CHUNK = 256
 SIDES = ("ours", "today", "trl")
 RESULT = "RESULT "
+MMAP_ENV = "POSTTRAIN_MMAP_THRESHOLD"  # training.modeling.host_memory's: 0 turns ours' setting off, for an A/B
 
 
 def build_model(device: str) -> Any:
@@ -374,8 +375,9 @@ def main() -> None:
         from benchmarks.results import record
 
         note = (
-            f"`python benchmarks/long_context.py --lengths {' '.join(map(str, a.lengths))} --repeats {a.repeats}"
-            f" --device {a.device}`: Qwen2 with random weights, V = 151,936, hidden 256, 4 layers, gradient "
+            f"`python benchmarks/long_context.py {' '.join(sys.argv[1:])}`"
+            f"{' with POSTTRAIN_MMAP_THRESHOLD=' + os.environ[MMAP_ENV] if MMAP_ENV in os.environ else ''}"
+            f" ({a.device}): Qwen2 with random weights, V = 151,936, hidden 256, 4 layers, gradient "
             f"checkpointing; GRPO: one update of {GROUP} completions of the row's length after a {PROMPT}-token "
             f"prompt; SFT: one step of one row. Peak RSS of the whole process (the model, its gradients and AdamW's "
             f"moments are 1.2 GB of it, the libraries 0.4 GB), the RSS as the step starts, and the step's time, "

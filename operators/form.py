@@ -40,6 +40,13 @@ PROFILE_LABELS = {
 ADVANTAGE_LABELS = {
     "grpo": "GRPO: centred on the group mean, divided by the group's reward std",
     "dr_grpo": "Dr. GRPO: centred on the group mean only (no std division)",
+    "rloo": "RLOO: minus the mean of the group's other samples",
+    "reinforce_pp": "REINFORCE++: centred on the group mean, divided by the whole step's std",
+}
+POLICY_LOSS_LABELS = {
+    "clip": "PPO clip: each token's ratio clipped (GRPO, DAPO)",
+    "gspo": "GSPO: one ratio per sequence, clipped per sequence (set the clip range to 3e-4 / 4e-4)",
+    "cispo": "CISPO: the clipped ratio weighs log p, no token leaves the gradient",
 }
 LOSS_AGG_LABELS = {
     "token-mean": "token mean (DAPO: every token weighs the same)",
@@ -178,6 +185,16 @@ def build_params(max_rounds: int = MAX_ROUNDS) -> dict[str, Param]:
             title="Advantage estimator",
             section=SECTION_RL,
             description_md="How a completion's reward becomes its advantage within its group.",
+        ),
+        "policy_loss": Param(
+            "clip",
+            type="string",
+            enum=list(POLICY_LOSS_LABELS),
+            values_display=POLICY_LOSS_LABELS,
+            title="Policy loss",
+            section=SECTION_RL,
+            description_md="The policy-gradient objective each completion's advantage enters. GSPO's clip range is "
+            "set per stage (`stage_overrides`: `rl_round: {clip_low: 3e-4, clip_high: 4e-4}`).",
         ),
         "loss_agg": Param(
             "token-mean",

@@ -14,7 +14,7 @@ from training.profiles import apply_preset, deep_merge
 # The parameters stage_config reads: with a recipe, the recipe's replace the form's (operators/pipeline.py).
 STAGE_KNOBS = (
     "seed", "profile", "mix", "base_model", "preset_tier", "model_name", "rounds", "k", "learning_rate", "kl_coef",
-    "advantage", "loss_agg", "rollout_engine", "gate_metrics", "noninferiority_margin", "max_kl",
+    "advantage", "policy_loss", "loss_agg", "rollout_engine", "gate_metrics", "noninferiority_margin", "max_kl",
     "min_entropy_ratio",
 )  # fmt: skip
 
@@ -36,6 +36,7 @@ def stage_config(stage: str, params: dict[str, Any]) -> dict[str, Any]:
             "beta": params.get("kl_coef"),
             "domain_weights": params.get("mix"),
             "advantage": params.get("advantage"),
+            "policy_loss": params.get("policy_loss"),
             "loss_agg": params.get("loss_agg"),
             "rollout_engine": params.get("rollout_engine"),
         }

@@ -104,6 +104,8 @@ def test_stage_configs_from_params() -> None:
         "mix": {"math": 1.0},
         "base_model": "",
         "profile": "tiny",
+        "advantage": "rloo",
+        "policy_loss": "cispo",
     }
     # The tiny preset first, the form's knobs on top.
     assert json.loads(stage_config("rl_round_2", params)) == {
@@ -113,6 +115,8 @@ def test_stage_configs_from_params() -> None:
         "lr": 1e-3,
         "beta": 0.05,
         "domain_weights": {"math": 1.0},
+        "advantage": "rloo",
+        "policy_loss": "cispo",
     }
     assert json.loads(stage_config("taskset", params)) == {
         **TINY["taskset"],
@@ -136,6 +140,8 @@ def test_stage_configs_from_params() -> None:
         "lr": 1e-3,
         "beta": 0.05,
         "domain_weights": {"math": 1.0},
+        "advantage": "rloo",
+        "policy_loss": "cispo",
     }
     assert json.loads(stage_config("rl_round_1", qwen7))["lora"]["enabled"] is True
     # Knobs left empty in the form keep the preset (or the stage defaults).

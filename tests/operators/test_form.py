@@ -7,7 +7,15 @@ import json
 
 import pytest
 
-from operators.form import ADVANTAGE_LABELS, ENGINE_LABELS, LOSS_AGG_LABELS, MAX_ROUNDS, PARAMS, PROFILE_LABELS
+from operators.form import (
+    ADVANTAGE_LABELS,
+    ENGINE_LABELS,
+    LOSS_AGG_LABELS,
+    MAX_ROUNDS,
+    PARAMS,
+    POLICY_LOSS_LABELS,
+    PROFILE_LABELS,
+)
 
 SECTIONS = {
     "Data",
@@ -44,6 +52,7 @@ def test_dropdowns_match_the_code() -> None:
     from training.rollout import ENGINES
 
     assert set(ADVANTAGE_LABELS) == set(algorithms.ADVANTAGES)
+    assert set(POLICY_LOSS_LABELS) == set(algorithms.POLICY_LOSSES)
     assert set(LOSS_AGG_LABELS) == set(algorithms.LOSS_AGGREGATIONS)
     assert set(ENGINE_LABELS) == {"auto", *ENGINES}  # auto: the engine choice (training/rollout)
     assert set(PROFILE_LABELS) == set(PROFILES)
@@ -63,6 +72,7 @@ def test_the_mix_takes_domains_a_user_adds() -> None:
         ("kl_coef", -0.1, "minimum"),
         ("profile", "huge", "not one of"),
         ("advantage", "ppo", "not one of"),
+        ("policy_loss", "dpo", "not one of"),
         ("rollout_engine", "sglang", "not one of"),
         ("mix", {"math": 2}, "maximum"),
         ("mix", {"my poetry": 0.5}, "my poetry"),

@@ -13,6 +13,15 @@ def test_help_lists_every_command() -> None:
         assert f"  {name}" in out.stdout
 
 
+def test_rl_round_help_lists_every_objective() -> None:
+    from training.rl import algorithms
+
+    out = subprocess.run([sys.executable, "-m", "training.cli", "rl-round", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    for name in (*algorithms.ADVANTAGES, *algorithms.POLICY_LOSSES):
+        assert f'"{name}"' in out.stdout, name
+
+
 def test_unknown_command_exit_2(capsys) -> None:
     assert cli.main(["frobnicate"]) == 2
     assert "unknown command 'frobnicate'" in capsys.readouterr().err

@@ -13,6 +13,16 @@ References
 - Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training" (drop the std normalisation).
 - DAPO: Yu et al. 2025 (token-level loss aggregation; dynamic sampling drops groups whose rewards are all equal).
 - PPO: Schulman et al. 2017 (clipped surrogate objective).
+- RLOO: Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!"; Ahmadian et al. 2024, "Back
+  to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs" (leave-one-out
+  baseline; TRL's RLOOTrainer, verl's `rloo`).
+- REINFORCE++: Hu et al. 2025, "REINFORCE++: An Efficient RLHF Algorithm with Robustness to Both Prompt and
+  Reward Models" (its group-baseline form, OpenRLHF's `reinforce_baseline`, verl's
+  `reinforce_plus_plus_baseline`: the group mean subtracted, then normalised over the whole batch).
+- GSPO: Zheng et al. 2025, "Group Sequence Policy Optimization" (a sequence-level, length-normalised ratio,
+  clipped per sequence; TRL's `importance_sampling_level="sequence"`).
+- CISPO: MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention" (the
+  clipped importance weight, stop-gradient, times the log-probability: no token leaves the gradient).
 - KL estimators k1/k2/k3: J. Schulman, "Approximating KL Divergence" (2020 blog note).
 - Truncated importance sampling (TIS) for the rollout engine / trainer mismatch: Yao et al. 2025, "Your
   Efficient RL Framework Secretly Brings You Off-Policy RL Training" (as in verl's rollout correction and TRL's
@@ -113,6 +123,34 @@ def mean_centered_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.
     return group_advantages(rewards, normalize_std=False, eps=eps)
 
 
+@register_advantage("rloo")
+def leave_one_out_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """RLOO: each completion's reward minus the mean of the other G - 1 in its group,
+    A[b, g] = r[b, g] - (sum_g' r[b, g'] - r[b, g]) / (G - 1) = G / (G - 1) * (r[b, g] - mean_g r[b]).
+
+    rewards: (B, G), G >= 2. Returns (B, G). An unbiased baseline (it does not depend on the sample it
+    scores), not divided by any std."""
+    G = rewards.shape[1]
+    if G < 2:
+        raise ValueError("rloo needs at least 2 samples per prompt (the baseline leaves one out)")
+    others = (rewards.sum(dim=1, keepdim=True) - rewards) / (G - 1)  # (B, G)
+    return rewards - others
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++ with a group baseline: the group mean subtracted, then the result whitened over the whole
+    batch (every group of the step, on every rank), A = (c - mean(c)) / (std(c) + eps) with c = r - mean_g r.
+
+    rewards: (B, G). Returns (B, G). Normalising by the batch's std instead of each group's keeps a group
+    whose rewards barely differ from getting unit-sized advantages (GRPO's per-group division does that), which
+    Hu et al. find more stable. `std` is the unbiased sample std over the B*G values."""
+    centred = rewards - rewards.mean(dim=1, keepdim=True)  # (B, G)
+    flat = centred.flatten()  # (B*G,)
+    std = flat.std() if flat.numel() > 1 else torch.zeros(())
+    return (centred - flat.mean()) / (std + eps)
+
+
 def zero_variance_groups(rewards: torch.Tensor, tol: float = 0.0) -> torch.Tensor:
     """Boolean (B,): True where every reward in the group is equal (max - min <= tol): no learning signal."""
     return (rewards.max(dim=1).values - rewards.min(dim=1).values) <= tol  # (B,)
@@ -203,6 +241,79 @@ def clipped_policy_loss(
         clip_frac = masked_mean((clipped < unclipped).float(), mask)
         approx_kl = masked_mean(kl_k3(logp.detach(), old_logp), mask)
     return loss, {"clip_frac": clip_frac, "approx_kl_old": approx_kl}
+
+
+@register_policy_loss("gspo")
+def sequence_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    agg: str = "token-mean",
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO: one importance ratio per sequence, the geometric mean of its token ratios,
+    s_i = exp(mean_t (logp_i,t - old_logp_i,t)), clipped per sequence:
+    loss_i = -min(s_i * A_i, clip(s_i, 1 - clip_low, 1 + clip_high) * A_i), the same value on each of the
+    sequence's tokens, then aggregated by `agg` ("seq-mean-token-mean" is the paper's sequence mean; TRL keeps
+    its loss_type the same way). The gradient of s_i reaches every token of the sequence through the mean.
+
+    Shapes as `clipped_policy_loss`; advantages (N,) (one per sequence: GSPO's ratio is a sequence's). The
+    sequence ratio stays within about 1e-3 of 1 where token ratios do not, so the clip range is the paper's
+    (3e-4, 4e-4), not PPO's 0.2: set `clip_low`/`clip_high` accordingly. is_weights (N, T), when given, weigh
+    the tokens as in `clipped_policy_loss`."""
+    if advantages.dim() == 2:
+        advantages = advantages[:, 0]
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # (N, T)
+    seq_log_ratio = masked_mean(log_ratio, mask, dim=1)  # (N,)
+    ratio = torch.exp(seq_log_ratio).unsqueeze(1)  # (N, 1)
+    adv = advantages.unsqueeze(1)  # (N, 1)
+    unclipped = ratio * adv  # (N, 1)
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv  # (N, 1)
+    per_token = (-torch.minimum(unclipped, clipped)).expand_as(logp)  # (N, T)
+    if is_weights is not None:
+        per_token = per_token * is_weights
+    loss = aggregate_loss(per_token, mask, agg)
+    with torch.no_grad():
+        clipped_seq = (clipped < unclipped).float().expand_as(logp)  # (N, T)
+        stats = {"clip_frac": masked_mean(clipped_seq, mask), "approx_kl_old": masked_mean(kl_k3(logp, old_logp), mask)}
+    return loss, stats
+
+
+@register_policy_loss("cispo")
+def clipped_weight_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    agg: str = "token-mean",
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO: loss_t = -sg(clip(ratio_t, 1 - clip_low, 1 + clip_high)) * A * logp_t, ratio_t = exp(logp_t -
+    old_logp_t). The importance weight is clipped and carries no gradient; the gradient is the log-probability's,
+    so a token whose ratio left the range still contributes (PPO's clip zeroes it), with a bounded weight.
+
+    Shapes as `clipped_policy_loss`. MiniMax-M1 leaves the lower side open (clip_low >= 1 does) and tunes the
+    upper; the loss's value is not PPO's (it is a weighted log-likelihood), only its gradient is comparable."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)  # (N, 1)
+    log_ratio = (logp.detach() - old_logp).clamp(-20.0, 20.0)  # (N, T)
+    ratio = torch.exp(log_ratio)  # (N, T)
+    weight = ratio.clamp(max(0.0, 1.0 - clip_low), 1.0 + clip_high)  # (N, T), no gradient: from logp.detach()
+    per_token = -weight * advantages * logp  # (N, T)
+    if is_weights is not None:
+        per_token = per_token * is_weights
+    loss = aggregate_loss(per_token, mask, agg)
+    with torch.no_grad():
+        stats = {
+            "clip_frac": masked_mean((weight != ratio).float(), mask),
+            "approx_kl_old": masked_mean(kl_k3(logp, old_logp), mask),
+        }
+    return loss, stats
 
 
 def grpo_loss(

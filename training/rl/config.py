@@ -5,6 +5,7 @@ Every field is documented once, in the class docstring; a paper reference stands
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from training.config import ConfigBase
@@ -46,11 +47,17 @@ class GRPOConfig(ConfigBase):
     kl_estimator:       "k3" (unbiased, low variance, >= 0; Schulman 2020 "Approximating KL Divergence", as
                         in DeepSeekMath), or "k1"/"k2".
     advantage:          registered estimator (training.rl.algorithms): "grpo" (centred on the group mean and
-                        divided by the group's reward std) or "dr_grpo" (centred only; Liu et al. 2025 argue
-                        the std division over-weights near-uniform groups).
-    policy_loss:        registered policy loss (training.rl.algorithms): "clip" (PPO's clipped surrogate).
-    clip_low, clip_high: PPO ratio clip range [1-clip_low, 1+clip_high] (Schulman et al. 2017); clip_high >
-                        clip_low is DAPO's "clip-higher" (Yu et al. 2025).
+                        divided by the group's reward std), "dr_grpo" (centred only; Liu et al. 2025 argue
+                        the std division over-weights near-uniform groups), "rloo" (minus the mean of the
+                        group's other samples; Ahmadian et al. 2024) or "reinforce_pp" (centred on the group
+                        mean, then divided by the whole step's std; REINFORCE++, Hu et al. 2025).
+    policy_loss:        registered policy loss (training.rl.algorithms): "clip" (PPO's clipped surrogate per
+                        token), "gspo" (one length-normalised ratio per sequence, clipped per sequence; Zheng
+                        et al. 2025: use clip_low 3e-4, clip_high 4e-4) or "cispo" (the clipped ratio as a
+                        stop-gradient weight on log p, so no token leaves the gradient; MiniMax-M1 2025).
+    clip_low, clip_high: ratio clip range [1-clip_low, 1+clip_high]: PPO's (Schulman et al. 2017), GSPO's on
+                        the sequence ratio, CISPO's on its weight (clip_low >= 1 leaves the lower side open);
+                        clip_high > clip_low is DAPO's "clip-higher" (Yu et al. 2025).
     loss_agg:           one of algorithms.LOSS_AGGREGATIONS: "token-mean" (DAPO token-level: every token
                         weighs the same), "seq-mean-token-mean" (original GRPO) or "seq-mean-token-sum".
     updates_per_batch:  optimizer passes over each rollout batch (GRPO's mu); 1 = strictly on-policy.
@@ -234,6 +241,14 @@ class GRPOConfig(ConfigBase):
         algorithms.get_advantage(self.advantage)
         algorithms.get_policy_loss(self.policy_loss)
         algorithms.get_kl(self.kl_estimator)
+        if self.policy_loss == "gspo" and max(self.clip_low, self.clip_high) > 0.01:
+            # not refused: a wider range is a choice, but almost always PPO's 0.2 left in place by mistake
+            logging.getLogger("posttrain").warning(
+                "policy_loss gspo with clip range (%g, %g): a sequence ratio stays near 1, so PPO's token range "
+                "barely clips; Zheng et al. use (3e-4, 4e-4)",
+                self.clip_low,
+                self.clip_high,
+            )
         if self.loss_agg not in algorithms.LOSS_AGGREGATIONS:
             raise ValueError(f"loss_agg {self.loss_agg!r}: use one of {', '.join(algorithms.LOSS_AGGREGATIONS)}")
         if self.samples_per_prompt < 2:

@@ -138,3 +138,83 @@ def test_registry_refuses_conflicting_registration() -> None:
     A.register_advantage("grpo")(A.group_advantages)  # the same function again is fine (module reloads)
     with pytest.raises(ValueError, match="registered: dr_grpo, grpo"):
         A.get_advantage("ppo")
+
+
+# ----- RLOO, REINFORCE++, GSPO, CISPO ---------------------------------------------------------------------------
+def test_rloo_leaves_each_sample_out_of_its_baseline() -> None:
+    # [1, 0, 0, 1]: the others' mean is 1/3 for a 1 and 2/3 for a 0 -> [2/3, -2/3, -2/3, 2/3]
+    # [.5, 1, 0]: others' means .5, .25, .75 -> [0, .75, -.75]; = G/(G-1) (r - mean) = 1.5 * [0, .5, -.5]
+    close(A.leave_one_out_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]])), [[2 / 3, -2 / 3, -2 / 3, 2 / 3]])
+    close(A.leave_one_out_advantages(torch.tensor([[0.5, 1.0, 0.0]])), [[0.0, 0.75, -0.75]])
+    assert A.get_advantage("rloo") is A.leave_one_out_advantages
+    with pytest.raises(ValueError, match="at least 2"):
+        A.leave_one_out_advantages(torch.tensor([[1.0]]))
+
+
+def test_reinforce_pp_normalises_over_the_whole_batch() -> None:
+    # [[1, 0], [1, 1]]: centred on the group means [[.5, -.5], [0, 0]]; over the batch mean 0, unbiased
+    # std sqrt((.25 + .25) / 3) = 0.408248 -> [[1.224745, -1.224745], [0, 0]] (GRPO's per-group division: +-0.7071)
+    rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    close(A.reinforce_pp_advantages(rewards, eps=0.0), [[1.224745, -1.224745], [0.0, 0.0]])
+    close(A.group_advantages(rewards, eps=0.0)[0], [0.707107, -0.707107])
+    # a group whose rewards barely differ keeps small advantages (GRPO would scale them to unit size)
+    near = torch.tensor([[1.0, 0.0], [0.51, 0.49]])
+    assert A.reinforce_pp_advantages(near)[1].abs().max() < 0.03 < A.group_advantages(near)[1].abs().max()
+
+
+def _gspo_inputs() -> tuple[torch.Tensor, ...]:
+    # sequence 0: token ratios 2 and 1/2, geometric mean 1; sequence 1: one real token, ratio 2 (then padding)
+    logp = torch.tensor([[math.log(0.5), math.log(0.5)], [math.log(0.2), 0.0]], requires_grad=True)
+    old = torch.tensor([[math.log(0.25), math.log(1.0)], [math.log(0.1), 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    return logp, old, torch.tensor([1.0, 1.0]), mask
+
+
+def test_gspo_clips_the_sequence_ratio() -> None:
+    logp, old, adv, mask = _gspo_inputs()
+    # clip (.2, .2): s0 = 1 -> loss -1 on both its tokens; s1 = 2 clipped to 1.2 (A > 0) -> -1.2
+    # token mean: (-1 - 1 - 1.2) / 3 = -1.066667; sequence mean: (-1 - 1.2) / 2 = -1.1
+    loss, stats = A.sequence_policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, agg="token-mean")
+    close(loss, -3.2 / 3)
+    close(stats["clip_frac"], 1 / 3)  # sequence 1's one token
+    loss, _ = A.sequence_policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, agg="seq-mean-token-mean")
+    close(loss, -1.1)
+    # gradient (sequence mean): d(-s0 / 2)/d logp_0,t = -(1/2) * s0 * (1/2) = -0.25 on each of sequence 0's
+    # tokens; sequence 1 is clipped, so 0
+    (grad,) = torch.autograd.grad(loss, logp)
+    close(grad, [[-0.25, -0.25], [0.0, 0.0]])
+    # the paper's range (3e-4, 4e-4) clips s0 = 1 nowhere and s1 = 2 to 1.0004
+    loss, _ = A.sequence_policy_loss(logp, old, adv, mask, agg="seq-mean-token-mean")
+    close(loss, -(1.0 + 1.0004) / 2)
+
+
+def test_cispo_weights_the_log_probability_by_the_clipped_ratio() -> None:
+    # ratios 2 and 1 -> clipped weights 1.2 and 1; A = 2
+    # losses -1.2 * 2 * ln .5 = 1.663553 and -1 * 2 * ln .3 = 2.407946; token mean 2.035750
+    logp = torch.tensor([[math.log(0.5), math.log(0.3)]], requires_grad=True)
+    old = torch.tensor([[math.log(0.25), math.log(0.3)]])
+    mask = torch.ones(1, 2)
+    loss, stats = A.clipped_weight_policy_loss(logp, old, torch.tensor([2.0]), mask, clip_low=0.2, clip_high=0.2)
+    close(loss, 2.035750)
+    close(stats["clip_frac"], 0.5)
+    # the weight is a constant: d loss / d logp_t = -w_t * A / 2 -> [-1.2, -1.0]; the clipped token still counts
+    (grad,) = torch.autograd.grad(loss, logp)
+    close(grad, [[-1.2, -1.0]])
+    # PPO's clip zeroes the first token's gradient instead (ratio 2 > 1.2 with A > 0)
+    (ppo,) = torch.autograd.grad(A.clipped_policy_loss(logp, old, torch.tensor([2.0]), mask)[0], logp)
+    assert ppo[0, 0] == 0 and ppo[0, 1] != 0
+    # clip_low >= 1 leaves the lower side open (MiniMax-M1): a ratio of .5 keeps its weight
+    low = torch.tensor([[math.log(0.25)]], requires_grad=True)
+    _, st = A.clipped_weight_policy_loss(
+        low, torch.tensor([[math.log(0.5)]]), torch.tensor([1.0]), torch.ones(1, 1), 1.0, 0.2
+    )
+    close(st["clip_frac"], 0.0)
+
+
+def test_every_objective_is_registered_and_reaches_grpo_loss() -> None:
+    assert set(A.ADVANTAGES) == {"grpo", "dr_grpo", "rloo", "reinforce_pp"}
+    assert set(A.POLICY_LOSSES) == {"clip", "gspo", "cispo"}
+    logp, old, adv, mask = _gspo_inputs()
+    for name in A.POLICY_LOSSES:
+        loss, stats = A.grpo_loss(logp, old, old, adv, mask, beta=0.1, policy_loss=name)
+        assert torch.isfinite(loss) and {"pg_loss", "kl_ref", "clip_frac", "approx_kl_old"} <= set(stats)
