@@ -385,6 +385,7 @@ def main() -> None:
         )
         lengths = ", ".join(f"{n:,}" for n in a.lengths)
         same = "; every side returning freed memory" if a.same_allocator else ""
+        same += f"; POSTTRAIN_MMAP_THRESHOLD={os.environ[MMAP_ENV]}" if MMAP_ENV in os.environ else ""
         title = f"Long context at a real vocabulary ({a.device}; {lengths} tokens a row{same})"
         record(title, note + "\n\n" + body)
 
