@@ -104,7 +104,7 @@ def main() -> int:
             t0 = time.perf_counter()
             h = run_seed(seed, overrides, root)
             lifts = {d: h["round2"][d] - h["sft"][d] for d in sorted(h["sft"]) if d != "all"}
-            lifted = [d for d, x in lifts.items() if x >= 0.10]
+            lifted = [d for d, x in lifts.items() if x >= 0.10 - 1e-9]  # 4 of 40 tasks is 10 points
             worst = min(lifts, key=lifts.__getitem__)
             ok = len(lifted) >= 2 and lifts[worst] >= -0.01  # the bar tests/training/test_tiny_pipeline.py sets
             passed += ok

@@ -16,11 +16,12 @@ import torch
 
 
 def adamw(
-    model: Any, lr: float, betas: Sequence[float], weight_decay: float, offload: bool = False
+    model: Any, lr: float, betas: Sequence[float], weight_decay: float, offload: bool = False, fused: bool = True
 ) -> torch.optim.Optimizer:
     """AdamW over the parameters that require grad (LoRA: the adapters only). Decoupled weight decay applies
     to matrices only, not to biases and norm gains (1-D tensors), as in GPT-2/nanoGPT: decaying a gain pulls
-    the layer's output scale towards zero for no regularisation benefit. `offload`: CPUOffloadAdamW."""
+    the layer's output scale towards zero for no regularisation benefit. `offload`: CPUOffloadAdamW. `fused`:
+    torch's fused kernel where it takes the parameters (`fusable`), else torch's default."""
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     for p in model.parameters():
@@ -28,8 +29,10 @@ def adamw(
             (decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if offload:
-        return CPUOffloadAdamW(groups, lr=lr, betas=(betas[0], betas[1]))
-    return torch.optim.AdamW(groups, lr=lr, betas=(betas[0], betas[1]), fused=fusable(decay + no_decay) or None)
+        return CPUOffloadAdamW(groups, lr=lr, betas=(betas[0], betas[1]), fused=fused)
+    return torch.optim.AdamW(
+        groups, lr=lr, betas=(betas[0], betas[1]), fused=(fused and fusable(decay + no_decay)) or None
+    )
 
 
 def fusable(params: Sequence[torch.Tensor]) -> bool:
@@ -55,7 +58,7 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
     parameters' (a learning-rate schedule sets them as usual) and the state dict is the CPU optimizer's, so
     checkpoints save and resume as before."""
 
-    def __init__(self, params: Any, lr: float, betas: tuple[float, float]) -> None:
+    def __init__(self, params: Any, lr: float, betas: tuple[float, float], fused: bool = True) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": 0.0, "eps": 1e-8})
         if any(getattr(p, "device_mesh", None) is not None for g in self.param_groups for p in g["params"]):
             raise ValueError("optimizer_offload: the weights are FSDP shards; use FSDP's own CPU offload instead")
@@ -64,7 +67,7 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
             [{**_hyper(g), "params": s} for g, s in zip(self.param_groups, self.shadows)],
             lr=lr,
             betas=betas,
-            fused=fusable([s for group in self.shadows for s in group]) or None,
+            fused=(fused and fusable([s for group in self.shadows for s in group])) or None,
         )
 
     @torch.no_grad()

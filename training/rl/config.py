@@ -115,6 +115,9 @@ class GRPOConfig(ConfigBase):
                         (training.modeling.optimizers.CPUOffloadAdamW): the device holds the weights and gradients
                         only, at the cost of a host round trip a step. For full fine-tuning of the 8B tier on one
                         GPU; the same updates as on the device.
+    fused_optimizer:    AdamW's fused kernel where torch has one (CPU and CUDA tensors; not FSDP shards): no
+                        per-parameter temporaries at the step. False: torch's per-parameter loop, the same
+                        updates to float rounding (the tiny profile: its lift figures were measured with it).
     checkpoint_every:   steps between resumable checkpoints (0 = none).
     keep_checkpoints:   mid-round checkpoints kept (the newest N); the round's final model is always kept.
     holdout_per_domain: holdout tasks per domain for the end-of-round check (0 = all).
@@ -216,6 +219,7 @@ class GRPOConfig(ConfigBase):
     precision: str = "auto"
     gradient_checkpointing: bool = False
     optimizer_offload: bool = False
+    fused_optimizer: bool = True
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     holdout_per_domain: int = 0

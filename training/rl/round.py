@@ -198,7 +198,9 @@ class Round:
         unknown = sorted(set(cfg.domain_weights) - set(pool))
         if unknown:
             raise ValueError(f"domain_weights name domains {unknown} absent from the train split {sorted(pool)}")
-        optimizer = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay, offload=cfg.optimizer_offload)
+        optimizer = adamw(
+            model, cfg.lr, cfg.betas, cfg.weight_decay, offload=cfg.optimizer_offload, fused=cfg.fused_optimizer
+        )
         engine_name = resolve_engine(cfg.rollout_engine, device)
         rollout_model = model if rollout_model is None else rollout_model
         engine = make_engine(

@@ -108,6 +108,9 @@ class SFTConfig(ConfigBase):
                        (training.modeling.optimizers.CPUOffloadAdamW): the device holds the weights and gradients
                        only, at the cost of a host round trip a step. For full fine-tuning of the 8B tier on one
                        GPU; the same updates as on the device.
+    fused_optimizer:   AdamW's fused kernel where torch has one (CPU and CUDA tensors; not FSDP shards): no
+                       per-parameter temporaries at the step. False: torch's per-parameter loop, the same updates
+                       to float rounding (the tiny profile: its lift figures were measured with it).
     keep_checkpoints:  mid-stage checkpoints kept (the newest N; older ones are deleted once a newer one is
                        complete). The stage's final model is its output and is always kept.
     device:            "cpu", "cuda" or "auto".
@@ -148,6 +151,7 @@ class SFTConfig(ConfigBase):
     gradient_checkpointing: bool = False
     logprob_chunk_tokens: int = 256
     optimizer_offload: bool = False
+    fused_optimizer: bool = True
     keep_checkpoints: int = 2
     device: str = "auto"
     parallel: distributed.ParallelConfig = field(default_factory=distributed.ParallelConfig)
@@ -421,7 +425,9 @@ def train(ctx: StageContext) -> dict[str, Any]:
     check_memory(model, cfg, device, world)
     model.to(device).train()
     trainer = distributed.wrap(model, cfg.parallel, device)  # model itself in a 1-process run
-    optimizer = adamw(model, cfg.lr, cfg.betas, cfg.weight_decay, offload=cfg.optimizer_offload)
+    optimizer = adamw(
+        model, cfg.lr, cfg.betas, cfg.weight_decay, offload=cfg.optimizer_offload, fused=cfg.fused_optimizer
+    )
     start_step = 0
     if state is not None:
         start_step = checkpointing.restore(state, model, optimizer)

@@ -76,3 +76,4 @@ def test_the_stages_adamw_is_fused_on_cpu_and_makes_the_reference_loops_updates(
     for x, y in zip(loop.parameters(), fused.parameters()):
         torch.testing.assert_close(y, x, atol=1e-7, rtol=1e-6)
     assert not fusable([]) and not fusable([torch.zeros(2, dtype=torch.long)])
+    assert not adamw(_model(), 1e-2, [0.9, 0.95], 0.1, fused=False).defaults["fused"]  # the tiny profile's loop

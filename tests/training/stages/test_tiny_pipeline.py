@@ -51,7 +51,8 @@ def test_sft_then_two_rounds_lift_two_domains(file_run_uri, local_mlflow) -> Non
         for d in sorted(sft)
     )
     print("holdout pass@1 (greedy):\n" + table)
-    lifted = [d for d in sft if d != "all" and final[d] - sft[d] >= 0.10]
+    # 1e-9: 4 more of 40 tasks is 10 points, though 0.725 - 0.625 is 0.0999... in floats
+    lifted = [d for d in sft if d != "all" and final[d] - sft[d] >= 0.10 - 1e-9]
     assert len(lifted) >= 2, f"RL lifted {lifted} by 10 points or more; the profile promises 2 domains\n{table}"
     assert final["all"] > sft["all"], table
 
