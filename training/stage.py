@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 
 from training import lease, storage, tracking
 from training.config import ConfigBase
-from training.modeling import host_memory
 
 if TYPE_CHECKING:
     from training.tasksets.schema import Task
@@ -186,6 +185,8 @@ def run_stage(
     body: Callable[[StageContext], dict[str, Any] | None],
 ) -> StageResult:
     setup_logging()
+    from training.modeling import host_memory  # here: operators import this module from the Airflow image
+
     host_memory.return_freed_memory()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return _run_stage_ranked(stage, config, run_uri, body)
