@@ -124,6 +124,7 @@ def test_trigger_form_run_approved_in_the_ui_succeeds_and_mlflow_shows_it(browse
     assert conf["stage_overrides"] == OVERRIDES
     assert conf["profile"] == "tiny" and conf["base_model"] is None and conf["seed"] == 0
     assert conf["rounds"] == 1 and conf["require_approval"] is True
+    assert conf["advantage"] == "grpo" and conf["policy_loss"] == "clip"  # the RL section's dropdowns, as opened
 
     _answer_required_action(
         browser,
