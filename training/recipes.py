@@ -120,12 +120,10 @@ class Recipe(ConfigBase):
             raise ValueError("domains: a recipe needs at least one domain with sources")
         if not 0 <= self.rounds <= 8:
             raise ValueError(f"rounds must be in 0..8, got {self.rounds}")
-        unknown = sorted(set(self.stages) - set(STAGES) - {f"rl_round_{n}" for n in range(1, 9)})
-        if unknown:
-            raise ValueError(f"stages: unknown stage(s) {unknown}; known: {', '.join(STAGES)}, rl_round_N")
-        unknown = sorted(set(self.timeouts) - set(STAGES) - {f"rl_round_{n}" for n in range(1, 9)})
-        if unknown:
-            raise ValueError(f"timeouts: unknown stage(s) {unknown}; known: {', '.join(STAGES)}, rl_round_N")
+        for section in ("stages", "timeouts"):
+            unknown = sorted(set(getattr(self, section)) - set(STAGES) - {f"rl_round_{n}" for n in range(1, 9)})
+            if unknown:
+                raise ValueError(f"{section}: unknown stage(s) {unknown}; known: {', '.join(STAGES)}, rl_round_N")
         for stage, value in self.timeouts.items():
             try:
                 duration_s(value)

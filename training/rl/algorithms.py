@@ -208,6 +208,29 @@ def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-me
 
 
 # ----- policy losses ------------------------------------------------------------------------------------------
+def _weighed_loss(
+    per_token: torch.Tensor,
+    clipped: torch.Tensor,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    mask: torch.Tensor,
+    agg: str,
+    is_weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """What every policy loss ends with: the per-token losses (N, T) times `is_weights` (N, T) when given,
+    aggregated by `agg`, and the stats: the share of real tokens whose ratio the clip bound (`clipped`, a
+    bool tensor broadcastable to (N, T)) and the approximate KL to the sampling policy (k3 of old vs new)."""
+    if is_weights is not None:
+        per_token = per_token * is_weights  # (N, T)
+    loss = aggregate_loss(per_token, mask, agg)
+    with torch.no_grad():
+        stats = {
+            "clip_frac": masked_mean(clipped.float().expand_as(mask), mask),
+            "approx_kl_old": masked_mean(kl_k3(logp.detach(), old_logp), mask),
+        }
+    return loss, stats
+
+
 @register_policy_loss("clip")
 def clipped_policy_loss(
     logp: torch.Tensor,
@@ -234,13 +257,7 @@ def clipped_policy_loss(
     unclipped = ratio * advantages  # (N, T)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages  # (N, T)
     per_token = -torch.minimum(unclipped, clipped)  # (N, T)
-    if is_weights is not None:
-        per_token = per_token * is_weights  # (N, T)
-    loss = aggregate_loss(per_token, mask, agg)
-    with torch.no_grad():
-        clip_frac = masked_mean((clipped < unclipped).float(), mask)
-        approx_kl = masked_mean(kl_k3(logp.detach(), old_logp), mask)
-    return loss, {"clip_frac": clip_frac, "approx_kl_old": approx_kl}
+    return _weighed_loss(per_token, clipped < unclipped, logp, old_logp, mask, agg, is_weights)
 
 
 @register_policy_loss("gspo")
@@ -273,13 +290,7 @@ def sequence_policy_loss(
     unclipped = ratio * adv  # (N, 1)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv  # (N, 1)
     per_token = (-torch.minimum(unclipped, clipped)).expand_as(logp)  # (N, T)
-    if is_weights is not None:
-        per_token = per_token * is_weights
-    loss = aggregate_loss(per_token, mask, agg)
-    with torch.no_grad():
-        clipped_seq = (clipped < unclipped).float().expand_as(logp)  # (N, T)
-        stats = {"clip_frac": masked_mean(clipped_seq, mask), "approx_kl_old": masked_mean(kl_k3(logp, old_logp), mask)}
-    return loss, stats
+    return _weighed_loss(per_token, clipped < unclipped, logp, old_logp, mask, agg, is_weights)
 
 
 @register_policy_loss("cispo")
@@ -305,15 +316,7 @@ def clipped_weight_policy_loss(
     ratio = torch.exp(log_ratio)  # (N, T)
     weight = ratio.clamp(max(0.0, 1.0 - clip_low), 1.0 + clip_high)  # (N, T), no gradient: from logp.detach()
     per_token = -weight * advantages * logp  # (N, T)
-    if is_weights is not None:
-        per_token = per_token * is_weights
-    loss = aggregate_loss(per_token, mask, agg)
-    with torch.no_grad():
-        stats = {
-            "clip_frac": masked_mean((weight != ratio).float(), mask),
-            "approx_kl_old": masked_mean(kl_k3(logp, old_logp), mask),
-        }
-    return loss, stats
+    return _weighed_loss(per_token, weight != ratio, logp, old_logp, mask, agg, is_weights)
 
 
 def grpo_loss(
